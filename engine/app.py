@@ -1,0 +1,166 @@
+"""`oke()`: boot (manifest checks, store, schema), emit outside a flow, drain / run / serve."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Any
+
+from . import payloads
+from .bus.routing import rows_for
+from .errors import OkeError
+from .flows import Binding, Manifest, build_manifest, current_bindings
+from .ids import new_id
+from .ops import registry
+from .signals import Signal, all_declared, check_name, declared
+from .store import Store, make_store, queue_name, resolve_url
+from .worker import Route, WorkerPool
+
+MAX_KEY_LENGTH = 1000
+BINDINGS_CACHE_S = 2.0
+
+
+class OkeApp:
+    """An embedded engine: one store, the flows bound in this process, and their workers."""
+
+    def __init__(self, name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
+                 lease_ms: int = 30_000, worker_id: str | None = None,
+                 max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
+                 stop_grace_s: float = 10.0) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
+        if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
+            raise TypeError(f"oke(lease_ms=...): the lease is an int of milliseconds ≥ 1, got {lease_ms!r}")
+        self.name = name
+        self.database_url = resolve_url(database_url)
+        self._bindings = bindings
+        self.lease_ms = lease_ms
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
+        self.max_payload_bytes = max_payload_bytes
+        self.stop_grace_s = stop_grace_s
+        self.store: Store | None = None
+        self.manifest: Manifest | None = None
+        self._stop_requested = asyncio.Event()
+        self._bound_cache: dict[str, tuple[float, list[str]]] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> "OkeApp":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Boot: check the manifest, open the store, create the schema, record declarations."""
+        if self.store is not None:
+            return
+        manifest = build_manifest(self._bindings if self._bindings is not None else current_bindings())
+        store = make_store(self.database_url)
+        await store.open()
+        try:
+            declared_here = dict(manifest.signals)
+            declared_here.update((s.name, s) for s in all_declared())
+            binding_rows = [(name, f.name or "", manifest.signals[name].kind)
+                            for name, flows in manifest.signal_flows.items() for f in flows]
+            await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows))
+        except BaseException:
+            await store.close()
+            raise
+        self.manifest = manifest
+        self.store = store
+        self._stop_requested = asyncio.Event()
+
+    async def stop(self) -> None:
+        """Ask `run()` / `serve()` to return: running handlers finish (within the grace period)."""
+        self._stop_requested.set()
+
+    async def close(self) -> None:
+        self._stop_requested.set()
+        if self.store is not None:
+            store, self.store = self.store, None
+            await store.close()
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError(f'oke("{self.name}") is not started: use "async with app:" or await app.start()')
+        return self.store
+
+    # -- emit ------------------------------------------------------------------------------
+    def _resolve(self, target: Signal | str) -> Signal:
+        if isinstance(target, Signal):
+            return target
+        if isinstance(target, str):
+            check_name(target, "emit")
+            assert self.manifest is not None
+            found = self.manifest.signals.get(target) or declared(target)
+            if found is None:
+                raise LookupError(f'emit("{target}"): no signal of that name is declared in this process')
+            return found
+        raise TypeError(f"emit(): expected a signal or a signal name, got {type(target).__name__}")
+
+    async def _flows_of(self, signal: Signal) -> list[str]:
+        """Bound flows: this process's, else those other processes recorded (cached briefly)."""
+        assert self.manifest is not None and self.store is not None
+        local = [f.name or "" for f in self.manifest.signal_flows.get(signal.name, [])]
+        if local and signal.kind == "once":
+            return local
+        cached = self._bound_cache.get(signal.name)
+        if cached is not None and time.monotonic() - cached[0] < BINDINGS_CACHE_S:
+            recorded = cached[1]
+        else:
+            recorded = await self.store.read(lambda conn: registry.bound_flows(conn, signal.name))
+            self._bound_cache[signal.name] = (time.monotonic(), recorded)
+        return sorted(set(local) | set(recorded)) if signal.kind == "broadcast" else (local or recorded)
+
+    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None,
+                   parent_run_id: str | None = None, emitter: str | None = None) -> str:
+        """Validate and store a message; returns its id once committed (OKE1240, OKE1250)."""
+        store = self._require_store()
+        target = self._resolve(signal)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f'emit("{target.name}", key=...): a key is a string, got {type(key).__name__}')
+        if key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH:
+            raise ValueError(f'emit("{target.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
+        encoded = payloads.encode(target, payload, self.max_payload_bytes)
+        if target.kind == "live":
+            return await self._append_live(target, encoded, parent_run_id)
+        flows = await self._flows_of(target)
+        if not flows and not target.optional:
+            raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
+        if rows:
+            await store.enqueue(rows)
+        return msg_id
+
+    async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
+        raise NotImplementedError("live tapes arrive with the live-tape issue")
+
+    # -- workers ---------------------------------------------------------------------------
+    def _routes(self) -> dict[str, Route]:
+        assert self.manifest is not None
+        routes: dict[str, Route] = {}
+        for name, flows in self.manifest.signal_flows.items():
+            sig = self.manifest.signals[name]
+            for f in flows:
+                routes[queue_name(name, f.name, sig.kind)] = Route(sig, f)
+        return routes
+
+    async def drain(self, concurrency: int = 8) -> None:
+        """Run workers until no message of this app's flows is eligible (tests, scripts)."""
+        self._require_store()
+        self._stop_requested.clear()
+        await WorkerPool(self, self._routes(), concurrency).run(until_idle=True)
+
+    async def run(self, concurrency: int = 8) -> None:
+        """Run workers until `stop()`."""
+        self._require_store()
+        await WorkerPool(self, self._routes(), concurrency).run(until_idle=False)
+
+
+def oke(name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
+        lease_ms: int = 30_000, worker_id: str | None = None, **options: Any) -> OkeApp:
+    """Declare an embedded engine app; boot it with `async with`."""
+    return OkeApp(name, database_url=database_url, bindings=bindings, lease_ms=lease_ms,
+                  worker_id=worker_id, **options)

@@ -1,0 +1,1 @@
+"""Delivery physics per signal kind, over the store."""

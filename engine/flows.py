@@ -1,0 +1,160 @@
+"""Flows, `on()` bindings, and the manifest checks made at boot (OKE10xx).
+
+`flow()` wraps a handler; `on(trigger, flow)` binds it. Bindings collect in a
+process registry that `oke()` adopts, so declaring them is import-time code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import OkeError
+from .signals import Signal, declared
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, eq=False)
+class Flow:
+    """A named unit of work. `reads` lists the resources (`signal:<name>`) it may read."""
+
+    name: str | None
+    do: Handler | None
+    durable: bool = False
+    reads: frozenset[str] = frozenset()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.do is None:
+            raise TypeError(f'flow "{self.name}" has no handler')
+        return self.do(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"flow({self.name!r})"
+
+
+def _check_effects(effects: object) -> frozenset[str]:
+    if effects is None:
+        return frozenset()
+    if not isinstance(effects, dict):
+        raise TypeError('flow(effects=...): effects must be a dict like {"reads": ["signal:tasks.email"]}')
+    unknown = set(effects) - {"reads"}
+    if unknown:
+        raise TypeError(f"flow(effects=...): unknown effect {sorted(unknown)[0]!r} (known: reads)")
+    reads = effects.get("reads", [])
+    if isinstance(reads, str) or not all(isinstance(r, str) for r in reads):
+        raise TypeError('flow(effects=...): "reads" must be a list of strings like "signal:tasks.email"')
+    return frozenset(reads)
+
+
+def flow(name: str | None = None, *, do: Handler | None = None, durable: bool = False,
+         effects: dict[str, Any] | None = None) -> Any:
+    """A Flow when `do` is given, else a decorator that turns a function into one."""
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise TypeError(f"flow(name): the name must be a non-empty string, got {name!r}")
+    if not isinstance(durable, bool):
+        raise TypeError(f"flow(durable=...): durable is a flag (True or False), got {durable!r}")
+    reads = _check_effects(effects)
+    if do is not None:
+        if not callable(do):
+            raise TypeError(f"flow(do=...): do must be callable, got {do!r}")
+        return Flow(name=name, do=do, durable=durable, reads=reads)
+
+    def decorate(handler: Handler) -> Flow:
+        if not callable(handler):
+            raise TypeError(f"@flow: expected a function, got {handler!r}")
+        return Flow(name=name, do=handler, durable=durable, reads=reads)
+
+    return decorate
+
+
+@dataclass(frozen=True, eq=False)
+class Binding:
+    """One `on(trigger, flow)`: a signal (or an HTTP route) and the flow it runs."""
+
+    trigger: Any
+    flow: Flow
+
+
+_BINDINGS: list[Binding] = []
+_ROUTE_BINDER: list[Callable[[Any, Flow | None], Any]] = []
+
+
+def _resolve_trigger(trigger: object) -> Any:
+    if isinstance(trigger, str):
+        found = declared(trigger)
+        if found is None:
+            raise LookupError(f'on("{trigger}"): no signal of that name is declared in this process')
+        return found
+    return trigger
+
+
+def on(trigger: Any, bound: Flow | Handler | None = None) -> Any:
+    """Bind a flow to a signal (or an HTTP route): `on(sig, flow)` or `@on(sig)` over a flow."""
+    trigger = _resolve_trigger(trigger)
+    if not isinstance(trigger, Signal):
+        for binder in _ROUTE_BINDER:
+            result = binder(trigger, bound)
+            if result is not NotImplemented:
+                return result
+        raise TypeError(f"on(): expected a signal, a signal name or an HTTP route, got {trigger!r}")
+
+    def bind(target: Flow | Handler) -> Flow:
+        if not isinstance(target, Flow):
+            if not callable(target):
+                raise TypeError(f"on({trigger.name!r}): expected a flow, got {target!r}")
+            target = Flow(name=None, do=target)
+        _BINDINGS.append(Binding(trigger, target))
+        return target
+
+    return bind if bound is None else bind(bound)
+
+
+def register_route_binder(binder: Callable[[Any, Flow | None], Any]) -> None:
+    """Let the HTTP layer handle `on(route, ...)` without this module importing it."""
+    if binder not in _ROUTE_BINDER:
+        _ROUTE_BINDER.append(binder)
+
+
+def add_binding(binding: Binding) -> None:
+    _BINDINGS.append(binding)
+
+
+def current_bindings() -> list[Binding]:
+    return list(_BINDINGS)
+
+
+def forget_bindings() -> None:
+    _BINDINGS.clear()
+
+
+@dataclass
+class Manifest:
+    """The checked set of signal bindings an app runs."""
+
+    signal_flows: dict[str, list[Flow]] = field(default_factory=dict)
+    signals: dict[str, Signal] = field(default_factory=dict)
+    routes: list[Binding] = field(default_factory=list)
+
+
+def build_manifest(bindings: list[Binding]) -> Manifest:
+    """Check the bindings (OKE1071, OKE1072, live-as-worker) and index them by signal."""
+    manifest = Manifest()
+    for binding in bindings:
+        trigger = binding.trigger
+        if not isinstance(trigger, Signal):
+            manifest.routes.append(binding)
+            continue
+        if binding.flow.name is None:
+            raise OkeError.of(1072, trigger=trigger.name)
+        if trigger.kind == "live":
+            raise TypeError(f'on(signal.live("{trigger.name}"), flow "{binding.flow.name}"): a live signal '
+                            f"is a tape, not a queue; expose it with on(http.live(signal)) instead")
+        manifest.signals[trigger.name] = trigger
+        flows = manifest.signal_flows.setdefault(trigger.name, [])
+        if any(f.name == binding.flow.name for f in flows):
+            continue
+        flows.append(binding.flow)
+        if trigger.kind == "once" and len(flows) > 1:
+            names = ", ".join(f'"{f.name}"' for f in flows)
+            raise OkeError.of(1071, signal=trigger.name, flows=names)
+    return manifest

@@ -1,0 +1,78 @@
+"""The per-run context a handler receives: emit, dead letters, durable steps, ids."""
+from __future__ import annotations
+
+import inspect
+import json
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from .errors import OkeError
+from .flows import Flow
+from .ids import new_id
+from .signals import Signal
+
+if TYPE_CHECKING:
+    from .app import OkeApp
+    from .ops.records import DeadLetter
+
+
+class Fx:
+    """What a flow may do while it runs. One Fx per attempt (a run)."""
+
+    __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal")
+
+    def __init__(self, app: "OkeApp | None", flow: Flow, *, run_id: str | None = None,
+                 parent_run_id: str | None = None, attempt: int = 1, message_id: str | None = None,
+                 signal: str | None = None) -> None:
+        self._app = app
+        self.flow = flow
+        self.run_id = run_id or new_id("run_")
+        self.parent_run_id = parent_run_id
+        self.attempt = attempt
+        self.message_id = message_id
+        self.signal = signal
+
+    def id(self) -> str:
+        """A new unique, time-ordered id."""
+        return new_id()
+
+    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None) -> str:
+        """Validate and store a message; it records this run as its parent. Resolves on commit."""
+        if self._app is None:
+            raise RuntimeError("fx.emit requires a bound signal runtime")
+        return await self._app.emit(signal, payload, key=key, parent_run_id=self.run_id,
+                                    emitter=self.flow.name)
+
+    def require_read(self, name: str) -> None:
+        """OKE1001 unless this flow declared `signal:<name>` in its reads."""
+        if f"signal:{name}" not in self.flow.reads:
+            raise OkeError.of(1001, flow=self.flow.name or "(unnamed)", name=name)
+
+    async def dead_letters(self, signal: Signal | str) -> list["DeadLetter"]:
+        """Dead messages of `signal`, newest first (needs `signal:<name>` in effects.reads)."""
+        name = signal.name if isinstance(signal, Signal) else signal
+        self.require_read(name)
+        if self._app is None or self._app.store is None:
+            raise RuntimeError("fx.dead_letters requires a bound signal runtime")
+        from . import ops
+        return await ops.dead_letters(self._app.store, name)
+
+    async def step(self, name: str, fn: Callable[[], Any | Awaitable[Any]]) -> Any:
+        """Run `fn` once per message; on a retry or replay a finished step returns its recorded result."""
+        if not self.flow.durable:
+            raise RuntimeError(f'fx.step: flow "{self.flow.name}" is not durable; declare flow(..., durable=True)')
+        if self._app is None or self._app.store is None or self.message_id is None:
+            raise RuntimeError("fx.step requires a bound signal runtime")
+        from .ops import steps
+        store = self._app.store
+        found = await store.read(lambda conn: steps.load(conn, self.message_id or "", name))
+        if found is not None:
+            return json.loads(found)
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        try:
+            encoded = json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f'fx.step("{name}"): the result must be JSON-serializable ({err})') from err
+        await store.write(lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
+        return result

@@ -1,0 +1,44 @@
+"""Open the store a database url names: SQLite (default) or PostgreSQL."""
+from __future__ import annotations
+
+import os
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from ..errors import StoreUnavailable
+from .base import Claimed, NewMessage, Outcome, Store, queue_name
+
+DEFAULT_URL = "sqlite+aiosqlite:///.oke/oke.db"
+
+__all__ = ["Claimed", "NewMessage", "Outcome", "Store", "queue_name", "resolve_url", "make_store"]
+
+
+def resolve_url(database_url: str | None) -> str:
+    """The explicit url, else env OKE_DATABASE_URL, else the embedded SQLite default."""
+    return database_url or os.environ.get("OKE_DATABASE_URL") or DEFAULT_URL
+
+
+def make_store(database_url: str | None = None) -> Store:
+    """A closed store for the url; `await store.open()` connects and creates the schema."""
+    url = resolve_url(database_url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as err:
+        raise StoreUnavailable(f"not a database url: {url!r} (expected sqlite+aiosqlite:///path "
+                               f"or postgresql+asyncpg://user@host/db)") from err
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        from .sqlite import SqliteStore
+        try:
+            return SqliteStore(url)
+        except ValueError as err:
+            raise StoreUnavailable(str(err)) from err
+    if backend == "postgresql":
+        from .postgres import PostgresStore
+        if parsed.drivername not in ("postgresql", "postgresql+asyncpg"):
+            raise StoreUnavailable(f"okengine speaks to PostgreSQL through asyncpg: use "
+                                   f"postgresql+asyncpg://… (got {parsed.drivername})")
+        return PostgresStore(url.replace("postgresql://", "postgresql+asyncpg://", 1)
+                             if parsed.drivername == "postgresql" else url)
+    raise StoreUnavailable(f"unsupported database {backend!r} in {url!r}: use SQLite or PostgreSQL")

@@ -1,0 +1,173 @@
+"""What every store offers the engine, and the records that cross that line.
+
+Operator reads and writes are plain functions of a synchronous SQLAlchemy
+`Connection` (`read(fn)` / `write(fn)`), so `engine.ops` is written once for
+both backends. The hot path (enqueue, claim, settle) is per dialect.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TypeVar
+
+from sqlalchemy import Connection, select
+
+from ..errors import SchemaTooNew
+from . import schema
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A row to enqueue: one per once message, one per flow for a broadcast."""
+
+    id: str
+    signal: str
+    queue: str
+    flow: str | None
+    key: str | None
+    payload: str
+    retries: int
+    dead_letter: bool
+    parent_run_id: str | None
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A message a worker now holds under a lease."""
+
+    seq: int
+    id: str
+    signal: str
+    queue: str
+    flow: str | None
+    key: str | None
+    payload: str
+    attempts: int
+    parent_run_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one claimed attempt ended; settled fenced by (seq, locked_by, attempts)."""
+
+    claimed: Claimed
+    run_id: str
+    flow: str
+    ok: bool
+    started_at: int
+    ended_at: int
+    code: str | None = None
+    message: str | None = None
+
+
+def queue_name(signal: str, flow: str | None, kind: str) -> str:
+    """Once messages queue by signal; each broadcast copy queues by signal and flow."""
+    return signal if kind == "once" else f"{signal}\x1f{flow}"
+
+
+def ensure_schema(conn: Connection) -> None:
+    """Create missing tables and indexes and record the schema version (idempotent)."""
+    schema.metadata.create_all(conn, checkfirst=True)
+    row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
+    if row is None:
+        conn.execute(schema.meta.insert().values(key="schema_version", value=str(schema.SCHEMA_VERSION)))
+        return
+    found = int(row[0])
+    if found > schema.SCHEMA_VERSION:
+        raise SchemaTooNew(f"the store's schema is version {found}; this okengine knows up to "
+                           f"{schema.SCHEMA_VERSION}: upgrade okengine")
+    for version in range(found, schema.SCHEMA_VERSION):
+        MIGRATIONS[version](conn)
+    if found < schema.SCHEMA_VERSION:
+        conn.execute(schema.meta.update().where(schema.meta.c.key == "schema_version")
+                     .values(value=str(schema.SCHEMA_VERSION)))
+
+
+# from_version -> step that upgrades it by one; empty while version 1 is the only one.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+
+def encode_retention(retention: dict[str, Any] | None) -> str | None:
+    return json.dumps(retention) if retention else None
+
+
+class Store(abc.ABC):
+    """One database, opened by one process. Thread- and task-safe."""
+
+    dialect: str
+    url: str
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` in a read transaction."""
+
+    @abc.abstractmethod
+    async def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` in a write transaction that commits whole or not at all."""
+
+    @abc.abstractmethod
+    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+        """Store the rows in one transaction and wake the workers of their queues."""
+
+    @abc.abstractmethod
+    async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
+        """Take up to `limit` eligible messages (pending, or inflight past their lease), in seq order."""
+
+    @abc.abstractmethod
+    async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
+
+    @abc.abstractmethod
+    def waker(self) -> "Waker":
+        """A wake-up source for one worker loop: set when new work may be ready."""
+
+
+class Waker:
+    """An event set by in-process emits (and by the dialect's cross-process signal).
+
+    Clear it *before* claiming: an emit that lands during the claim then makes
+    the next `wait` return at once, so no wake-up is lost.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.event = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        _WAKERS.setdefault(url, set()).add(self)
+
+    def clear(self) -> None:
+        self.event.clear()
+
+    def wake(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        _WAKERS.get(self.url, set()).discard(self)
+
+
+# In-process wake-ups, keyed by database url so two apps on one store in one process meet.
+_WAKERS: dict[str, set[Waker]] = {}
+
+
+def wake_local(url: str) -> None:
+    """Wake every worker of this process that shares the store at `url`."""
+    for waker in list(_WAKERS.get(url, ())):
+        waker.wake()

@@ -1,0 +1,294 @@
+"""The PostgreSQL store: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups, asyncpg on the hot path.
+
+Operator reads and writes go through SQLAlchemy (`read` / `write`); enqueue,
+claim and settle use prepared asyncpg statements from a small pool, because on
+two cores the driver's round trips are the budget. Wake-ups ride a dedicated
+LISTEN connection, never a pooled one; after it reconnects every waiter is
+woken to re-read the table, since notifications sent meanwhile are gone.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Sequence, TypeVar
+
+import asyncpg
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from ..errors import StoreUnavailable
+from ..ids import now_ms
+from .base import Claimed, NewMessage, Outcome, Store, Waker, ensure_schema, wake_local
+
+T = TypeVar("T")
+log = logging.getLogger("engine.store.postgres")
+CHANNEL = "oke_wake"
+SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the schema
+CONNECT_TIMEOUT_S = 10.0
+
+_CLAIM = """
+WITH picked AS (
+  SELECT m.seq FROM oke_messages AS m
+   WHERE m.status IN ('pending', 'inflight')
+     AND (m.status = 'pending' OR m.lease_expires_at < $3)
+     AND m.queue = ANY($5::text[])
+     AND (m.key IS NULL OR NOT EXISTS (
+           SELECT 1 FROM oke_messages AS o
+            WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
+              AND o.queue = m.queue AND o.key = m.key
+              AND (o.seq < m.seq
+                   OR (o.status = 'inflight' AND o.lease_expires_at >= $3 AND o.seq <> m.seq))))
+   ORDER BY m.seq LIMIT $4
+   FOR UPDATE SKIP LOCKED)
+UPDATE oke_messages AS u
+   SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
+       lease_expires_at = $2, updated_at = $3
+  FROM picked WHERE u.seq = picked.seq
+RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id
+"""
+
+_ACK = """
+UPDATE oke_messages AS u
+   SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $3, finished_at = $3
+  FROM unnest($1::bigint[], $2::int[]) AS d(seq, attempts)
+ WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $4 AND u.status = 'inflight'
+RETURNING u.seq
+"""
+
+_FAIL = """
+WITH u AS (
+  UPDATE oke_messages
+     SET status = CASE WHEN attempts <= retries THEN 'pending'
+                       WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
+         finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3 END,
+         locked_by = NULL, lease_expires_at = NULL, updated_at = $3
+   WHERE seq = $1 AND attempts = $2 AND locked_by = $4 AND status = 'inflight'
+  RETURNING id, attempts, status)
+INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
+SELECT id, attempts, $5, $6, $7, $8, 'failure' FROM u
+RETURNING attempt
+"""
+
+_RUNS = """
+INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
+                      worker_id, started_at, ended_at, error)
+SELECT r.run_id, r.flow, r.signal, r.signal, r.message_id, r.parent_run_id, r.status, r.attempt,
+       $10, r.started_at, r.ended_at, r.error
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+              $8::bigint[], $9::bigint[], $11::text[])
+       AS r(run_id, flow, signal, message_id, parent_run_id, status, attempt, started_at, ended_at, error)
+"""
+
+_INSERT = """
+WITH ins AS (
+  INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
+                            dead_letter, created_at, updated_at, parent_run_id, replays)
+  SELECT t.id, t.signal, t.queue, t.flow, t.key, t.payload, 'pending', 0, t.retries,
+         t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+                $8::bool[], $9::bigint[], $10::text[]) WITH ORDINALITY
+         AS t(id, signal, queue, flow, key, payload, retries, dead_letter, created_at, parent_run_id, ord)
+   ORDER BY t.ord
+  RETURNING queue)
+SELECT pg_notify('oke_wake', q) FROM (SELECT DISTINCT queue AS q FROM ins) AS d
+"""
+
+# Keyed emits take a per-key transaction lock first, so seq order is commit order within a key:
+# no reader can ever see a later message of a key before an earlier one.
+_KEY_LOCKS = """
+SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
+  FROM (SELECT DISTINCT k FROM unnest($1::text[]) AS k ORDER BY k) AS keys
+"""
+
+
+def asyncpg_dsn(url: str) -> str:
+    """A plain libpq DSN for asyncpg from a SQLAlchemy url."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def describe_target(url: str) -> str:
+    parsed = make_url(url)
+    return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
+
+
+class PostgresStore(Store):
+    dialect = "postgresql"
+
+    def __init__(self, url: str, pool_size: int = 4) -> None:
+        self.url = url
+        self.dsn = asyncpg_dsn(url)
+        self.pool_size = pool_size
+        self.sa: AsyncEngine | None = None
+        self.pool: asyncpg.Pool | None = None
+        self._listener: _Listener | None = None
+
+    async def open(self) -> None:
+        target = describe_target(self.url)
+        try:
+            self.pool = await asyncio.wait_for(
+                asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
+                                    server_settings={"application_name": "okengine"}),
+                CONNECT_TIMEOUT_S)
+            self.sa = create_async_engine(self.url, pool_size=3, max_overflow=4, pool_pre_ping=True,
+                                          connect_args={"timeout": CONNECT_TIMEOUT_S})
+            await self.write(_ensure_schema_locked)
+        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError, ConnectionError) as err:
+            await self.close()
+            reason = str(err) or type(err).__name__
+            raise StoreUnavailable(f"cannot reach PostgreSQL at {target}: {reason}") from err
+        except Exception as err:
+            if _is_connect_error(err):
+                await self.close()
+                raise StoreUnavailable(f"cannot reach PostgreSQL at {target}: {err.__cause__ or err}") from err
+            raise
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+        if self.sa is not None:
+            await self.sa.dispose()
+            self.sa = None
+
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        assert self.sa is not None, "store is not open"
+        async with self.sa.connect() as conn:
+            async with conn.begin():
+                return await conn.run_sync(fn)
+
+    async def write(self, fn: Callable[[Connection], T]) -> T:
+        assert self.sa is not None, "store is not open"
+        async with self.sa.begin() as conn:
+            return await conn.run_sync(fn)
+
+    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+        assert self.pool is not None, "store is not open"
+        cols = ([r.id for r in rows], [r.signal for r in rows], [r.queue for r in rows],
+                [r.flow for r in rows], [r.key for r in rows], [r.payload for r in rows],
+                [r.retries for r in rows], [r.dead_letter for r in rows], [r.created_at for r in rows],
+                [r.parent_run_id for r in rows])
+        keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
+        async with self.pool.acquire() as conn:
+            if keys:
+                async with conn.transaction():
+                    await conn.execute(_KEY_LOCKS, keys)
+                    await conn.execute(_INSERT, *cols)
+            else:
+                await conn.execute(_INSERT, *cols)
+        wake_local(self.url)
+
+    async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
+        assert self.pool is not None, "store is not open"
+        now = now_ms()
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(_CLAIM, worker_id, now + lease_ms, now, limit, list(queues))
+        return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
+
+    async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        assert self.pool is not None, "store is not open"
+        now = now_ms()
+        oks = [o for o in outcomes if o.ok]
+        held_seqs: set[int] = set()
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                if oks:
+                    rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
+                                            [o.claimed.attempts for o in oks], now, worker_id)
+                    held_seqs.update(r[0] for r in rows)
+                for out in outcomes:
+                    if out.ok:
+                        continue
+                    c = out.claimed
+                    attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
+                                                 out.message, out.ended_at, out.run_id)
+                    if attempt is not None:
+                        held_seqs.add(c.seq)
+                held = [o.claimed.seq in held_seqs for o in outcomes]
+                statuses = [("succeeded" if o.ok else "failed") if h else "lease_lost"
+                            for o, h in zip(outcomes, held)]
+                await conn.execute(
+                    _RUNS, [o.run_id for o in outcomes], [o.flow for o in outcomes],
+                    [o.claimed.signal for o in outcomes], [o.claimed.id for o in outcomes],
+                    [o.claimed.parent_run_id for o in outcomes], statuses,
+                    [o.claimed.attempts for o in outcomes], [o.started_at for o in outcomes],
+                    [o.ended_at for o in outcomes], worker_id,
+                    [None if o.ok else f"{o.code}: {o.message}" for o in outcomes])
+                if len(oks) != len(outcomes):
+                    await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q",
+                                       sorted({o.claimed.queue for o in outcomes if not o.ok}))
+        return held
+
+    def waker(self) -> Waker:
+        if self._listener is None:
+            self._listener = _Listener(self.dsn, self.url)
+        self._listener.ensure_started()
+        return Waker(self.url)
+
+
+def _ensure_schema_locked(conn: Connection) -> None:
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
+    ensure_schema(conn)
+
+
+def _is_connect_error(err: BaseException) -> bool:
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, (OSError, asyncpg.PostgresError, ConnectionError, asyncio.TimeoutError)):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+class _Listener:
+    """One LISTEN connection per store; wakes this process's workers on every notify."""
+
+    def __init__(self, dsn: str, url: str) -> None:
+        self.dsn = dsn
+        self.url = url
+        self.task: asyncio.Task[None] | None = None
+        self.conn: asyncpg.Connection | None = None
+        self.ready = asyncio.Event()
+
+    def ensure_started(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="oke-pg-listen")
+
+    def _on_notify(self, *_args: Any) -> None:
+        wake_local(self.url)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            lost = asyncio.Event()
+            try:
+                self.conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+                self.conn.add_termination_listener(lambda _c: lost.set())
+                await self.conn.add_listener(CHANNEL, self._on_notify)
+                self.ready.set()
+                backoff = 0.1
+                wake_local(self.url)  # notifications sent while we were away are gone: re-read
+                await lost.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the database is away: retry with back-off
+                log.warning("LISTEN connection failed (%s); retrying in %.1fs", err, backoff)
+            finally:
+                self.ready.clear()
+                if self.conn is not None and not self.conn.is_closed():
+                    self.conn.terminate()
+                self.conn = None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self.task = None

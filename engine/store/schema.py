@@ -1,0 +1,150 @@
+"""Every table and index of the store, in one place (SQLAlchemy Core).
+
+Times are integers of epoch milliseconds. Payloads are JSON text (not jsonb)
+so any JSON string survives both backends byte for byte, NUL escapes included.
+"""
+from __future__ import annotations
+
+from sqlalchemy import (BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text,
+                        text)
+
+SCHEMA_VERSION = 1
+READY = "status IN ('pending', 'inflight')"
+
+metadata = MetaData()
+# An auto-increment 64-bit key; on SQLite it must be INTEGER to alias the rowid.
+Seq = BigInteger().with_variant(Integer(), "sqlite")
+
+meta = Table(
+    "oke_meta", metadata,
+    Column("key", String(100), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+signals = Table(
+    "oke_signals", metadata,
+    Column("name", String(200), primary_key=True),
+    Column("kind", String(20), nullable=False),
+    Column("retries", Integer, nullable=False),
+    Column("dead_letter", Boolean, nullable=False),
+    Column("optional", Boolean, nullable=False),
+    Column("retention", Text),  # JSON {"max_age": "7d", "max_count": N} or NULL
+    Column("description", Text, nullable=False),
+    Column("app", String(200)),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+bindings = Table(
+    "oke_bindings", metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("flow", String(200), primary_key=True),
+    Column("kind", String(20), nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+messages = Table(
+    "oke_messages", metadata,
+    Column("seq", Seq, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("signal", String(200), nullable=False),
+    # What workers claim from: the signal for once, "signal\x1fflow" for a broadcast copy.
+    Column("queue", String(401), nullable=False),
+    Column("flow", String(200)),
+    Column("key", Text),
+    Column("payload", Text, nullable=False),
+    Column("status", String(10), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("retries", Integer, nullable=False),
+    Column("dead_letter", Boolean, nullable=False),
+    Column("locked_by", String(200)),
+    Column("lease_expires_at", BigInteger),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("finished_at", BigInteger),
+    Column("parent_run_id", String(40)),
+    Column("replays", Integer, nullable=False, server_default=text("0")),
+)
+# The claim scans only ready rows, in emit order (partial: delivered rows cost nothing).
+Index("oke_messages_ready", messages.c.seq,
+      sqlite_where=text(READY), postgresql_where=text(READY))
+# Per-key FIFO: the head of a key among ready rows.
+Index("oke_messages_ready_key", messages.c.queue, messages.c.key, messages.c.seq,
+      sqlite_where=text(READY + " AND key IS NOT NULL"),
+      postgresql_where=text(READY + " AND key IS NOT NULL"))
+# Counts per signal and status, and lists by status newest first.
+Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
+Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.seq)
+Index("oke_messages_parent", messages.c.parent_run_id)
+
+failures = Table(
+    "oke_failures", metadata,
+    Column("id", Seq, primary_key=True, autoincrement=True),
+    Column("message_id", String(40), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("code", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("at", BigInteger, nullable=False),
+    Column("run_id", String(40)),
+    # "failure" for a failed attempt, "replayed" for an operator's replay marker.
+    Column("kind", String(10), nullable=False, server_default=text("'failure'")),
+)
+Index("oke_failures_message", failures.c.message_id, failures.c.id)
+
+runs = Table(
+    "oke_runs", metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("flow", String(200)),
+    Column("trigger", String(200)),
+    Column("signal", String(200)),
+    Column("message_id", String(40)),
+    Column("parent_run_id", String(40)),
+    Column("status", String(12), nullable=False),
+    Column("attempt", Integer),
+    Column("worker_id", String(200)),
+    Column("started_at", BigInteger, nullable=False),
+    Column("ended_at", BigInteger),
+    Column("error", Text),
+)
+Index("oke_runs_parent", runs.c.parent_run_id)
+Index("oke_runs_message", runs.c.message_id)
+
+steps = Table(
+    "oke_steps", metadata,
+    Column("message_id", String(40), primary_key=True),
+    Column("name", String(200), primary_key=True),
+    Column("result", Text, nullable=False),
+    Column("run_id", String(40)),
+    Column("at", BigInteger, nullable=False),
+)
+
+audit = Table(
+    "oke_audit", metadata,
+    Column("id", Seq, primary_key=True, autoincrement=True),
+    Column("at", BigInteger, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(40), nullable=False),
+    Column("signal", String(200)),
+    Column("count", Integer, nullable=False),
+    Column("ids", Text, nullable=False),  # JSON list
+    Column("reason", Text),
+)
+
+tapes = Table(
+    "oke_tapes", metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("epoch", String(40), nullable=False),
+    Column("head", BigInteger, nullable=False),
+    Column("pruned_through", BigInteger, nullable=False),
+    Column("pruned_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", BigInteger, nullable=False),
+)
+
+tape_events = Table(
+    "oke_tape_events", metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("payload", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("parent_run_id", String(40)),
+)
+Index("oke_tape_events_age", tape_events.c.signal, tape_events.c.created_at)

@@ -1,0 +1,223 @@
+"""The worker loop: claim a batch, run each flow, settle outcomes in group commits.
+
+One claimer task keeps up to `concurrency` handlers running. Finished attempts
+queue for one settler task that writes whatever has accumulated in a single
+transaction, so under load many acks share one commit. Database outages are
+retried with back-off; nothing is settled twice and nothing is left half-written:
+a message whose outcome was never written stays inflight and is reclaimed after
+its lease.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import payloads
+from .errors import OkeError
+from .flows import Flow
+from .fx import Fx
+from .ids import new_id, now_ms
+from .signals import Signal
+from .store import Claimed, Outcome
+
+if TYPE_CHECKING:
+    from .app import OkeApp
+
+log = logging.getLogger("engine.worker")
+IDLE_POLL_S = 1.0          # fallback re-check (expired leases need no wake-up to become claimable)
+MAX_BACKOFF_S = 5.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which flow handles a queue, and the signal whose schema re-validates the payload."""
+
+    signal: Signal
+    flow: Flow
+
+
+def failure_code(exc: BaseException) -> str:
+    """The exception's string `code` attribute if it has one, else its class name."""
+    if isinstance(exc, OkeError):
+        return f"OKE{exc.code}"
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else type(exc).__name__
+
+
+class WorkerPool:
+    """Runs the flows of one app until stopped (`run`) or until nothing is eligible (`drain`)."""
+
+    def __init__(self, app: "OkeApp", routes: dict[str, Route], concurrency: int) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int ≥ 1, got {concurrency!r}")
+        self.app = app
+        self.store = app.store
+        self.routes = routes
+        self.queues = sorted(routes)
+        self.concurrency = concurrency
+        self.running: set[asyncio.Task[None]] = set()
+        self.slot_free = asyncio.Event()
+        self.pending_outcomes: list[Outcome] = []
+        self.outcome_ready = asyncio.Event()
+        self.settled = asyncio.Event()
+        self.settle_count = 0  # finished settles; drain compares it across a claim
+        self.settling = False
+        self.stopping = False
+
+    async def run(self, until_idle: bool = False) -> None:
+        if not self.queues:
+            if not until_idle:
+                await self.app._stop_requested.wait()
+            return
+        waker = self.store.waker()
+        settler = asyncio.create_task(self._settle_loop(), name="oke-settler")
+        try:
+            await self._claim_loop(waker, until_idle)
+            if self.running:
+                await self._finish_running()
+        finally:
+            waker.close()
+            self.stopping = True
+            self.outcome_ready.set()
+            await settler
+
+    async def _finish_running(self) -> None:
+        """Let running handlers end within the grace period; the rest stay reclaimable."""
+        done, late = await asyncio.wait(self.running, timeout=self.app.stop_grace_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+            log.warning("%d handlers outlived the stop grace period; their messages will be "
+                        "reclaimed after the lease", len(late))
+
+    async def _claim_loop(self, waker: Any, until_idle: bool) -> None:
+        stop = self.app._stop_requested
+        backoff = 0.05
+        while not stop.is_set():
+            free = self.concurrency - len(self.running)
+            if free <= 0:
+                self.slot_free.clear()
+                await _wait_any(self.slot_free, stop)
+                await asyncio.sleep(0)  # let sibling completions land: claim in batches
+                continue
+            waker.clear()
+            settles_before = self.settle_count
+            try:
+                batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
+                backoff = 0.05
+            except Exception as err:
+                if not _is_transient(err):
+                    raise
+                log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
+                await _sleep_or(stop, backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            for claimed in batch:
+                task = asyncio.create_task(self._attempt(claimed))
+                self.running.add(task)
+                task.add_done_callback(self._release)
+            if batch:
+                continue
+            if until_idle:
+                idle = not self.running and not self.pending_outcomes and not self.settling
+                if idle and settles_before == self.settle_count:
+                    return
+                await _wait_any(self.slot_free, self.settled, stop, waker.event, timeout=IDLE_POLL_S)
+                self.slot_free.clear()
+                self.settled.clear()
+                continue
+            waits = [asyncio.ensure_future(waker.wait(IDLE_POLL_S)), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self.slot_free.set()
+
+    async def _attempt(self, claimed: Claimed) -> None:
+        route = self.routes[claimed.queue]
+        started = now_ms()
+        fx = Fx(self.app, route.flow, run_id=new_id("run_"), parent_run_id=claimed.parent_run_id,
+                attempt=claimed.attempts, message_id=claimed.id, signal=claimed.signal)
+        code = message = None
+        try:
+            value = payloads.decode(route.signal, claimed.payload)
+            handler = route.flow.do
+            assert handler is not None
+            if inspect.iscoroutinefunction(handler):
+                await handler(value, fx)
+            else:
+                result = await asyncio.to_thread(handler, value, fx)
+                if inspect.isawaitable(result):
+                    await result
+            ok = True
+        except asyncio.CancelledError:
+            raise  # stopping: leave the message inflight, reclaimable after its lease
+        except Exception as exc:
+            ok = False
+            code, message = failure_code(exc), str(exc)
+        self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
+                                             now_ms(), code, message))
+        self.outcome_ready.set()
+
+    async def _settle_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self.pending_outcomes:
+                if self.stopping and not self.running:
+                    return
+                self.outcome_ready.clear()
+                await self.outcome_ready.wait()
+                continue
+            batch, self.pending_outcomes = self.pending_outcomes, []
+            self.settling = True
+            try:
+                await self.store.settle(self.app.worker_id, batch)
+                backoff = 0.05
+            except Exception as err:
+                if not _is_transient(err) and not self.stopping:
+                    log.exception("settle failed")
+                log.warning("settle failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
+                self.pending_outcomes[:0] = batch
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                if self.stopping and backoff >= MAX_BACKOFF_S:
+                    log.error("giving up settling %d outcomes at stop; they will be reclaimed", len(batch))
+                    return
+            finally:
+                self.settling = False
+                self.settle_count += 1
+            self.settled.set()
+
+
+def _is_transient(err: BaseException) -> bool:
+    """Connection-level trouble worth retrying (the database restarted, a lock timed out)."""
+    import sqlite3
+
+    import asyncpg
+
+    transient = (OSError, ConnectionError, asyncio.TimeoutError, sqlite3.OperationalError,
+                 asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                 asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError)
+    return isinstance(err, transient)
+
+
+async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
