@@ -180,8 +180,12 @@ class WorkerPool:
                 await self.store.settle(self.app.worker_id, batch)
                 backoff = 0.05
             except Exception as err:
-                if not _is_transient(err) and not self.stopping:
-                    log.exception("settle failed")
+                if not _is_transient(err):
+                    # Not a passing outage: retrying cannot help. The attempts stay inflight and
+                    # are reclaimed after their lease, so nothing is lost or half-written.
+                    log.exception("settle of %d outcomes failed; they will be reclaimed after the lease",
+                                  len(batch))
+                    continue
                 log.warning("settle failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
                 self.pending_outcomes[:0] = batch
                 await asyncio.sleep(backoff)

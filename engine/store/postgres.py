@@ -61,12 +61,12 @@ WITH u AS (
   UPDATE oke_messages
      SET status = CASE WHEN attempts <= retries THEN 'pending'
                        WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
-         finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3 END,
-         locked_by = NULL, lease_expires_at = NULL, updated_at = $3
-   WHERE seq = $1 AND attempts = $2 AND locked_by = $4 AND status = 'inflight'
+         finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3::bigint END,
+         locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint
+   WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
   RETURNING id, attempts, status)
 INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-SELECT id, attempts, $5, $6, $7, $8, 'failure' FROM u
+SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u
 RETURNING attempt
 """
 
