@@ -132,6 +132,9 @@ class Store(abc.ABC):
     def waker(self) -> "Waker":
         """A wake-up source for one worker loop: set when new work may be ready."""
 
+    def on_notify(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Cross-process notifications on `channel` (PostgreSQL); other stores poll instead."""
+
 
 class Waker:
     """An event set by in-process emits (and by the dialect's cross-process signal).

@@ -223,10 +223,18 @@ class PostgresStore(Store):
         return held
 
     def waker(self) -> Waker:
+        self._ensure_listener()
+        return Waker(self.url)
+
+    def on_notify(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Call `callback(payload)` for every NOTIFY on `channel` (and with "" after a reconnect)."""
+        self._ensure_listener().channels[channel] = callback
+
+    def _ensure_listener(self) -> "_Listener":
         if self._listener is None:
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
-        return Waker(self.url)
+        return self._listener
 
 
 def _ensure_schema_locked(conn: Connection) -> None:
@@ -252,6 +260,9 @@ class _Listener:
         self.task: asyncio.Task[None] | None = None
         self.conn: asyncpg.Connection | None = None
         self.ready = asyncio.Event()
+        # Extra channels (live tapes); CHANNEL itself wakes the workers.
+        self.channels: dict[str, Callable[[str], None]] = {}
+        self.listening: set[str] = set()
 
     def ensure_started(self) -> None:
         if self.task is None or self.task.done():
@@ -259,6 +270,21 @@ class _Listener:
 
     def _on_notify(self, *_args: Any) -> None:
         wake_local(self.url)
+
+    def _on_channel(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        callback = self.channels.get(channel)
+        if callback is not None:
+            callback(payload)
+
+    async def _listen_channels(self) -> None:
+        """LISTEN on channels registered since the connection opened."""
+        conn = self.conn
+        if conn is None:
+            return
+        for channel in list(self.channels):
+            if channel not in self.listening:
+                await conn.add_listener(channel, self._on_channel)
+                self.listening.add(channel)
 
     async def _run(self) -> None:
         backoff = 0.1
@@ -268,10 +294,18 @@ class _Listener:
                 self.conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
                 self.conn.add_termination_listener(lambda _c: lost.set())
                 await self.conn.add_listener(CHANNEL, self._on_notify)
+                self.listening = set()
+                await self._listen_channels()
                 self.ready.set()
                 backoff = 0.1
                 wake_local(self.url)  # notifications sent while we were away are gone: re-read
-                await lost.wait()
+                for callback in list(self.channels.values()):
+                    callback("")
+                while not lost.is_set():
+                    try:
+                        await asyncio.wait_for(lost.wait(), 0.2)
+                    except TimeoutError:
+                        await self._listen_channels()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the database is away: retry with back-off
