@@ -228,7 +228,10 @@ class PostgresStore(Store):
 
     def on_notify(self, channel: str, callback: Callable[[str], None]) -> None:
         """Call `callback(payload)` for every NOTIFY on `channel` (and with "" after a reconnect)."""
-        self._ensure_listener().channels[channel] = callback
+        listener = self._ensure_listener()
+        listener.channels[channel] = callback
+        if listener.conn is not None:
+            asyncio.get_running_loop().create_task(listener._listen_channels())
 
     def _ensure_listener(self) -> "_Listener":
         if self._listener is None:
@@ -301,11 +304,7 @@ class _Listener:
                 wake_local(self.url)  # notifications sent while we were away are gone: re-read
                 for callback in list(self.channels.values()):
                     callback("")
-                while not lost.is_set():
-                    try:
-                        await asyncio.wait_for(lost.wait(), 0.2)
-                    except TimeoutError:
-                        await self._listen_channels()
+                await lost.wait()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the database is away: retry with back-off
