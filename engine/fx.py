@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .errors import OkeError
@@ -13,6 +14,14 @@ from .signals import Signal
 if TYPE_CHECKING:
     from .app import OkeApp
     from .ops.records import DeadLetter
+
+
+@dataclass(frozen=True)
+class LiveBody:
+    """What `fx.live()` returns: the SSE body of a tape, filtered by `match`."""
+
+    signal: Signal
+    match: Callable[[Any], bool] | None
 
 
 class Fx:
@@ -46,6 +55,15 @@ class Fx:
         """OKE1001 unless this flow declared `signal:<name>` in its reads."""
         if f"signal:{name}" not in self.flow.reads:
             raise OkeError.of(1001, flow=self.flow.name or "(unnamed)", name=name)
+
+    def live(self, signal: Signal, *, match: Callable[[Any], bool] | None = None) -> LiveBody:
+        """The SSE body of a live tape inside a custom GET flow (needs `signal:<name>` in reads)."""
+        if not isinstance(signal, Signal) or signal.kind != "live":
+            raise TypeError(f"fx.live(): expected a signal.live(...) handle, got {signal!r}")
+        self.require_read(signal.name)
+        if match is not None and not callable(match):
+            raise TypeError("fx.live(match=...): match must be callable")
+        return LiveBody(signal, match)
 
     async def dead_letters(self, signal: Signal | str) -> list["DeadLetter"]:
         """Dead messages of `signal`, newest first (needs `signal:<name>` in effects.reads)."""
