@@ -1,17 +1,174 @@
 """The operator model: counts, lists, failures, traces, replay and purge over a store.
 
 Every reader of the store outside the hot path (fx.dead_letters, the CLI, the
-TUI) goes through here; the statements live in the submodules, one job each.
+TUI) goes through here; the statements live in the submodules, one job each:
+`queries` (reads), `trace` (run trees), `repair` (replay, purge, audit writes).
+Each function takes an open `Store` and runs one `store.read` / `store.write`
+transaction (a rate-limited replay runs one per chunk). Records are frozen
+dataclasses whose attributes are the JSON fields (`to_json`); times are epoch ms.
+
+Errors: `UnknownSignal`, `UnknownMessage`, `UnknownRun` (LookupErrors naming what
+is known), `ValueError` for a bad argument, `OkeError` 1250 for a replacement
+payload the signal's schema refuses.
 """
 from __future__ import annotations
 
-from ..store import Store
-from . import queries
-from .records import DeadLetter, Failure, to_json
+import asyncio
+import math
+import time
+from typing import Any, Iterable
 
-__all__ = ["DeadLetter", "Failure", "dead_letters", "to_json"]
+from ..store import Store
+from ..store.base import wake_local
+from . import queries, repair
+from . import trace as _trace
+from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, EmittedMessage, Failure, FailureGroup,
+                      Lease, MessageDetail, MessagePage, MessageRow, Purged, PurgePreview, Replayed,
+                      ReplayPreview, RunNode, SignalInfo, SignalStats, UnknownMessage, UnknownRun,
+                      UnknownSignal, to_json)
+from .repair import UNCHANGED, default_actor
+
+__all__ = [
+    "AuditEntry", "Blocker", "DeadLetter", "EmittedMessage", "Failure", "FailureGroup", "Lease",
+    "MessageDetail", "MessagePage", "MessageRow", "Purged", "PurgePreview", "Replayed", "ReplayPreview",
+    "RunNode", "STATUSES", "SignalInfo", "SignalStats", "UNCHANGED", "UnknownMessage", "UnknownRun",
+    "UnknownSignal", "audit", "dead_letters", "default_actor", "failures", "known_signals",
+    "message_page", "messages", "purge", "replay", "show", "signal_info", "stats", "to_json", "trace",
+]
+
+
+# -- reads --------------------------------------------------------------------------------------
+async def known_signals(store: Store) -> list[str]:
+    """Every signal recorded by an app, plus any signal that has messages but no record."""
+    return await store.read(queries.known_signals)
+
+
+async def signal_info(store: Store, name: str) -> SignalInfo | None:
+    """The recorded declaration of `name` and its bound flows; None when the store knows no such signal."""
+    return await store.read(lambda conn: queries.signal_info(conn, name))
+
+
+async def stats(store: Store) -> list[SignalStats]:
+    """Per signal (recorded ones included at zero): counts by status and the oldest pending age."""
+    return await store.read(queries.stats)
+
+
+async def message_page(store: Store, signal: str, status: str | None = None, key: str | None = None,
+                       limit: int = 50, before_seq: int | None = None) -> MessagePage:
+    """A page of `messages` plus the cursor of the next page (None on the last)."""
+    return await store.read(lambda conn: queries.message_page(conn, signal, status, key, limit, before_seq))
+
+
+async def messages(store: Store, signal: str, status: str | None = None, key: str | None = None,
+                   limit: int = 50, before_seq: int | None = None) -> list[MessageRow]:
+    """Messages of `signal`, newest first (paged by seq: rows strictly below `before_seq`)."""
+    return (await message_page(store, signal, status, key, limit, before_seq)).items
+
+
+async def show(store: Store, message_id: str) -> MessageDetail:
+    """One message: payload, every failure (replay markers too), lease, what blocks it, its trace."""
+    return await store.read(lambda conn: queries.show(conn, message_id))
 
 
 async def dead_letters(store: Store, signal: str, limit: int | None = None) -> list[DeadLetter]:
     """Dead messages of `signal`, newest first, each with every failure."""
     return await store.read(lambda conn: queries.dead_letters(conn, signal, limit))
+
+
+async def failures(store: Store, signal: str) -> list[FailureGroup]:
+    """Dead and failing messages grouped by latest failure code and message, newest first."""
+    return await store.read(lambda conn: queries.failures(conn, signal))
+
+
+async def audit(store: Store, limit: int = 100, action: str | None = None) -> list[AuditEntry]:
+    """The operator audit log, newest first."""
+    return await store.read(lambda conn: queries.audit(conn, limit, action))
+
+
+async def trace(store: Store, run_id: str) -> RunNode:
+    """The run tree `run_id` belongs to, from its root down to every descendant."""
+    return await store.read(lambda conn: _trace.trace(conn, run_id))
+
+
+# -- writes -------------------------------------------------------------------------------------
+def _parse_rate(rate: float | None) -> float | None:
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"rate must be a positive number of messages per second, got {rate!r}")
+    return float(rate)
+
+
+async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *, all: bool = False,
+                 code: str | None = None, match: str | None = None, key: str | None = None,
+                 older_than_ms: int | None = None, dry_run: bool = False, payload: Any = UNCHANGED,
+                 reason: str | None = None, actor: str | None = None,
+                 rate: float | None = None) -> Replayed | ReplayPreview:
+    """Requeue dead letters of `signal`: dead → pending, same id and seq, attempts 0.
+
+    Select by `ids`, or every dead letter with `all=True`; `code`, `match` (substring of
+    the last failure message, case-insensitive), `key` and `older_than_ms` (dead for at
+    least that long) narrow either. Without `rate` the whole replay is ONE transaction:
+    status changes, "replayed" markers and the audit row commit together or not at all.
+    With `rate` (messages per second) it runs in chunks of about one second's worth,
+    each chunk atomic and audited, with pauses between: the whole is then NOT atomic
+    (an interruption leaves the earlier chunks replayed). `payload` replaces the payload
+    of exactly one named message (checked by the schema when the signal is declared in
+    this process). `dry_run` changes nothing and returns the count and up to 20 ids.
+    Named ids that are no longer dead are skipped (a concurrent replay took them).
+    """
+    id_list = None if ids is None else list(dict.fromkeys(ids))
+    if all and id_list:
+        raise ValueError("name message ids or pass all=True, not both")
+    if not all and not id_list:
+        raise ValueError("name the dead letters to replay (ids), or pass all=True")
+    if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
+                                      or older_than_ms < 0):
+        raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
+    pace = _parse_rate(rate)
+    payload_text = None
+    if payload is not UNCHANGED:
+        if all or id_list is None or len(id_list) != 1:
+            raise ValueError("a replacement payload applies to exactly one message: name one id")
+        payload_text = repair.encode_payload(signal, payload)
+    sel = repair.Selection(signal=signal, ids=None if all else tuple(id_list or ()), code=code, match=match,
+                           key=key, older_than_ms=older_than_ms)
+    if dry_run:
+        return await store.read(lambda conn: repair.preview(conn, sel))
+    actor = actor or default_actor()
+    if pace is None:
+        batch = await store.write(lambda conn: repair.replay(conn, sel, actor=actor, reason=reason,
+                                                             payload_text=payload_text))
+        if batch.ids:
+            wake_local(store.url)
+        return Replayed(replayed=len(batch.ids), ids=batch.ids)
+    seqs = await store.read(lambda conn: repair.candidate_seqs(conn, sel))
+    size = max(1, int(pace))
+    done: list[str] = []
+    started = time.monotonic()
+    for start in range(0, len(seqs), size):
+        chunk = seqs[start:start + size]
+        batch = await store.write(lambda conn, chunk=chunk: repair.replay(
+            conn, sel, actor=actor, reason=reason, payload_text=payload_text, seqs=chunk, verify=False))
+        if batch.ids:
+            wake_local(store.url)
+        done += batch.ids
+        wait = started + (start + len(chunk)) / pace - time.monotonic()
+        if wait > 0 and start + size < len(seqs):
+            await asyncio.sleep(wait)
+    return Replayed(replayed=len(done), ids=done)
+
+
+async def purge(store: Store, signal: str, status: str, older_than_ms: int | None = None, *,
+                actor: str | None = None, reason: str | None = None,
+                dry_run: bool = False) -> Purged | PurgePreview:
+    """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
+    `older_than_ms` ago if given, with their failure and step rows: one transaction, audited."""
+    if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
+                                      or older_than_ms < 0):
+        raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
+    if dry_run:
+        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms))
+    actor = actor or default_actor()
+    return await store.write(lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor,
+                                                       reason=reason))

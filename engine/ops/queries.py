@@ -1,23 +1,131 @@
-"""Read-only operator queries (synchronous SQLAlchemy Core over one connection)."""
+"""Read-only operator queries (synchronous SQLAlchemy Core over one connection).
+
+Each function runs inside one read transaction given by `Store.read`, so what it
+returns is one consistent snapshot. The statements lean on the indexes of
+`engine.store.schema`: counts and lists by `(signal, status, seq)`, keyed lists by
+`(signal, key, seq)`, failure histories by `(message_id, id)`, key heads by the
+partial ready-key index.
+"""
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from sqlalchemy import Connection, and_, func, select
 
-from sqlalchemy import Connection, select
-
+from ..ids import now_ms
 from ..store import schema
-from .records import DeadLetter, Failure
+from . import registry, trace as trace_mod
+from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, Failure, FailureGroup, Lease,
+                      MessageDetail, MessagePage, MessageRow, SignalInfo, SignalStats, UnknownMessage,
+                      UnknownSignal)
 
 m = schema.messages
 f = schema.failures
+s = schema.signals
+a = schema.audit
+CHUNK = 500
+
+
+# -- signals ------------------------------------------------------------------------------------
+def known_signals(conn: Connection) -> list[str]:
+    return registry.known_signals(conn)
+
+
+def signal_exists(conn: Connection, name: str) -> bool:
+    """Recorded by some app, or has at least one message (cheap: two index probes)."""
+    if conn.execute(select(s.c.name).where(s.c.name == name)).first() is not None:
+        return True
+    return conn.execute(select(m.c.seq).where(m.c.signal == name).limit(1)).first() is not None
+
+
+def require_signal(conn: Connection, name: str) -> None:
+    """Raise UnknownSignal (listing the known ones) unless `name` is known to the store."""
+    if not signal_exists(conn, name):
+        raise UnknownSignal(name, known_signals(conn))
+
+
+def _inferred_kind(conn: Connection, name: str) -> str:
+    """The kind of a signal nobody recorded, from one of its messages' queue."""
+    row = conn.execute(select(m.c.queue).where(m.c.signal == name).limit(1)).first()
+    if row is None:
+        return "unknown"
+    return "broadcast" if "\x1f" in row.queue else "once"
+
+
+def signal_info(conn: Connection, name: str) -> SignalInfo | None:
+    row = conn.execute(select(s).where(s.c.name == name)).first()
+    flows = registry.bound_flows(conn, name)
+    if row is not None:
+        return SignalInfo(name=row.name, kind=row.kind, retries=row.retries, dead_letter=bool(row.dead_letter),
+                          optional=bool(row.optional),
+                          retention=json.loads(row.retention) if row.retention else None,
+                          description=row.description, app=row.app, flows=flows, recorded=True)
+    kind = _inferred_kind(conn, name)
+    if kind == "unknown":
+        return None
+    return SignalInfo(name=name, kind=kind, retries=None, dead_letter=None, optional=None, retention=None,
+                      description=None, app=None, flows=flows, recorded=False)
+
+
+def stats(conn: Connection) -> list[SignalStats]:
+    """Counts per signal and status (one GROUP BY over the (signal, status, seq) index)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
+    for row in conn.execute(select(m.c.signal, m.c.status, func.count())
+                            .group_by(m.c.signal, m.c.status)):
+        counts[row[0]][row[1]] = int(row[2])
+    kinds = {row.name: row.kind for row in conn.execute(select(s.c.name, s.c.kind))}
+    now = now_ms()
+    out = []
+    for name in sorted(set(counts) | set(kinds)):
+        c = counts[name]
+        lag = None
+        if c["pending"]:
+            oldest = conn.execute(select(m.c.created_at)
+                                  .where(m.c.signal == name, m.c.status == "pending")
+                                  .order_by(m.c.seq).limit(1)).scalar()
+            lag = max(0, now - oldest) if oldest is not None else None
+        kind = kinds.get(name) or _inferred_kind(conn, name)
+        out.append(SignalStats(signal=name, kind=kind, pending=c["pending"], inflight=c["inflight"],
+                               delivered=c["delivered"], dead=c["dead"], lag_ms=lag))
+    return out
+
+
+# -- messages -----------------------------------------------------------------------------------
+def check_status(status: str | None, allowed: tuple[str, ...] = STATUSES) -> None:
+    if status is not None and status not in allowed:
+        raise ValueError(f'unknown status "{status}" (one of: {", ".join(allowed)})')
+
+
+def message_page(conn: Connection, signal: str, status: str | None = None, key: str | None = None,
+                 limit: int = 50, before_seq: int | None = None) -> MessagePage:
+    """Messages of `signal`, newest first, at most `limit`, strictly below `before_seq` if given."""
+    check_status(status)
+    if limit < 1:
+        raise ValueError(f"limit must be ≥ 1, got {limit}")
+    require_signal(conn, signal)
+    conds = [m.c.signal == signal]
+    if status is not None:
+        conds.append(m.c.status == status)
+    if key is not None:
+        conds.append(m.c.key == key)
+    if before_seq is not None:
+        conds.append(m.c.seq < before_seq)
+    rows = conn.execute(select(m.c.seq, m.c.id, m.c.status, m.c.key, m.c.attempts, m.c.locked_by,
+                               m.c.lease_expires_at, m.c.created_at, m.c.parent_run_id)
+                        .where(and_(*conds)).order_by(m.c.seq.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    items = [MessageRow(id=r.id, status=r.status, key=r.key, attempts=r.attempts, locked_by=r.locked_by,
+                        lease_expires_at=r.lease_expires_at, created_at=r.created_at,
+                        parent_run_id=r.parent_run_id) for r in rows]
+    return MessagePage(items=items, next_before_seq=rows[-1].seq if more else None)
 
 
 def failures_of(conn: Connection, message_ids: list[str]) -> dict[str, list[Failure]]:
     """Failure history per message, oldest first (replay markers included, code "replayed")."""
     out: dict[str, list[Failure]] = defaultdict(list)
-    for start in range(0, len(message_ids), 500):
-        chunk = message_ids[start:start + 500]
+    for start in range(0, len(message_ids), CHUNK):
+        chunk = message_ids[start:start + CHUNK]
         rows = conn.execute(select(f.c.message_id, f.c.code, f.c.message, f.c.at, f.c.attempt)
                             .where(f.c.message_id.in_(chunk)).order_by(f.c.id))
         for r in rows:
@@ -36,3 +144,62 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
     return [DeadLetter(id=r.id, signal=r.signal, key=r.key, payload=json.loads(r.payload),
                        attempts=r.attempts, failures=history.get(r.id, []), created_at=r.created_at,
                        parent_run_id=r.parent_run_id) for r in rows]
+
+
+def show(conn: Connection, message_id: str) -> MessageDetail:
+    row = conn.execute(select(m).where(m.c.id == message_id)).first()
+    if row is None:
+        raise UnknownMessage([message_id], None, known_signals(conn))
+    now = now_ms()
+    lease = Lease(locked_by=row.locked_by, lease_expires_at=row.lease_expires_at,
+                  reclaimable=(row.status == "inflight" and row.lease_expires_at is not None
+                               and row.lease_expires_at < now))
+    blocker = None
+    if row.key is not None and row.status in ("pending", "inflight"):
+        head = conn.execute(select(m.c.id, m.c.status, m.c.attempts, m.c.locked_by, m.c.lease_expires_at,
+                                   m.c.created_at)
+                            .where(m.c.status.in_(("pending", "inflight")), m.c.key.is_not(None),
+                                   m.c.queue == row.queue, m.c.key == row.key, m.c.seq < row.seq)
+                            .order_by(m.c.seq).limit(1)).first()
+        if head is not None:
+            blocker = Blocker(id=head.id, status=head.status, attempts=head.attempts, locked_by=head.locked_by,
+                              lease_expires_at=head.lease_expires_at, created_at=head.created_at)
+    runs = trace_mod.runs_of_message(conn, message_id)
+    if row.parent_run_id is not None:
+        roots = [trace_mod.tree(conn, row.parent_run_id)]
+    else:
+        roots = [trace_mod.tree(conn, r.run_id) for r in runs]
+    return MessageDetail(id=row.id, signal=row.signal, flow=row.flow, key=row.key, status=row.status,
+                         payload=json.loads(row.payload), attempts=row.attempts, retries=row.retries,
+                         replays=row.replays, created_at=row.created_at, updated_at=row.updated_at,
+                         finished_at=row.finished_at, parent_run_id=row.parent_run_id,
+                         failures=failures_of(conn, [row.id]).get(row.id, []), lease=lease,
+                         blocked_by=blocker, runs=runs, trace=roots)
+
+
+def failures(conn: Connection, signal: str) -> list[FailureGroup]:
+    """Dead and failing messages grouped by their latest failure (code, message), newest first.
+
+    A message counts once, under the latest row of its failure history, when that row is a
+    failure (not a replay marker) and the message is not delivered: dead letters, and messages
+    waiting for or running a retry. So the counts match what `replay --code` would select.
+    """
+    require_signal(conn, signal)
+    f2 = f.alias("f2")
+    latest = (select(func.max(f2.c.id)).where(f2.c.message_id == m.c.id).scalar_subquery())
+    rows = conn.execute(
+        select(f.c.code, f.c.message, func.count().label("n"), func.max(f.c.at).label("last_at"))
+        .select_from(f.join(m, m.c.id == f.c.message_id))
+        .where(m.c.signal == signal, m.c.status.in_(("pending", "inflight", "dead")),
+               f.c.kind == "failure", f.c.id == latest)
+        .group_by(f.c.code, f.c.message)
+        .order_by(func.max(f.c.at).desc(), f.c.code, f.c.message)).all()
+    return [FailureGroup(code=r.code, message=r.message, count=int(r.n), last_at=int(r.last_at)) for r in rows]
+
+
+def audit(conn: Connection, limit: int = 100, action: str | None = None) -> list[AuditEntry]:
+    query = select(a).order_by(a.c.id.desc()).limit(limit)
+    if action is not None:
+        query = query.where(a.c.action == action)
+    return [AuditEntry(at=r.at, actor=r.actor, action=r.action, signal=r.signal, count=r.count,
+                       ids=json.loads(r.ids), reason=r.reason) for r in conn.execute(query)]

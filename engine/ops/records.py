@@ -1,13 +1,54 @@
-"""The records `engine.ops` returns: frozen dataclasses whose attributes are the JSON fields."""
+"""The records `engine.ops` returns: frozen dataclasses whose attributes are the JSON fields.
+
+Every time is an int of epoch milliseconds. `to_json` turns any record (or list of
+records, nested ones included) into plain JSON-ready data.
+"""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+STATUSES = ("pending", "inflight", "delivered", "dead")
+REPLAYED = "replayed"  # the code (and kind) of the marker a replay appends to a failure history
+
+
+class UnknownSignal(LookupError):
+    """No signal of that name is recorded in the store (and none has messages)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        listed = ", ".join(known) if known else "none recorded yet"
+        super().__init__(f'unknown signal "{name}" (known signals: {listed})')
+
+
+class UnknownMessage(LookupError):
+    """No message with that id (in that signal, when one was named)."""
+
+    def __init__(self, ids: list[str], signal: str | None, known: list[str]) -> None:
+        self.ids = ids
+        self.signal = signal
+        self.known = known
+        where = f' in signal "{signal}"' if signal else ""
+        shown = ", ".join(ids[:5]) + (f" … ({len(ids)} in all)" if len(ids) > 5 else "")
+        listed = ", ".join(known) if known else "none recorded yet"
+        noun = "message" if len(ids) == 1 else "messages"
+        super().__init__(f"no {noun} {shown}{where} (known signals: {listed})")
+
+
+class UnknownRun(LookupError):
+    """No run with that id, and no message or run refers to it."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f'no run "{run_id}": nothing ran or was emitted under that id')
+
 
 @dataclass(frozen=True)
 class Failure:
+    """One failed attempt, or (code "replayed") an operator's replay marker."""
+
     code: str
     message: str
     at: int
@@ -25,6 +66,182 @@ class DeadLetter:
     created_at: int
     parent_run_id: str | None
     status: str = "dead"
+
+
+@dataclass(frozen=True)
+class SignalStats:
+    """Counts per status of one signal; `lag_ms` is the age of its oldest pending message."""
+
+    signal: str
+    kind: str
+    pending: int
+    inflight: int
+    delivered: int
+    dead: int
+    lag_ms: int | None
+
+
+@dataclass(frozen=True)
+class SignalInfo:
+    """What the store knows of a signal: its recorded declaration and the flows bound to it."""
+
+    name: str
+    kind: str
+    retries: int | None
+    dead_letter: bool | None
+    optional: bool | None
+    retention: dict[str, Any] | None
+    description: str | None
+    app: str | None
+    flows: list[str]
+    recorded: bool  # False: only messages exist, no process recorded a declaration
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """A message in a list (no payload)."""
+
+    id: str
+    status: str
+    key: str | None
+    attempts: int
+    locked_by: str | None
+    lease_expires_at: int | None
+    created_at: int
+    parent_run_id: str | None
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    """One page of a message list, newest first; pass `next_before_seq` for the next page."""
+
+    items: list[MessageRow]
+    next_before_seq: int | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    locked_by: str | None
+    lease_expires_at: int | None
+    reclaimable: bool  # inflight and its lease has expired: the next claim takes it over
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """The head of a key: the oldest unfinished message of the same queue and key."""
+
+    id: str
+    status: str
+    attempts: int
+    locked_by: str | None
+    lease_expires_at: int | None
+    created_at: int
+
+
+@dataclass(frozen=True)
+class EmittedMessage:
+    id: str
+    signal: str
+    status: str
+    key: str | None
+    created_at: int
+
+
+@dataclass(frozen=True)
+class RunNode:
+    """One run in a trace: the flow attempt, the messages it emitted, and the runs they caused.
+
+    `status` is "succeeded", "failed", "lease_lost", or "unknown" for a run that is referenced
+    (as a parent) but never recorded an outcome (still running, or its process died).
+    `emitted` counts every message it emitted; `messages` lists at most the first 1000.
+    """
+
+    run_id: str
+    flow: str | None
+    status: str
+    parent_run_id: str | None
+    started_at: int | None
+    ended_at: int | None
+    message_id: str | None
+    signal: str | None
+    attempt: int | None
+    error: str | None
+    emitted: int
+    messages: list[EmittedMessage]
+    children: list["RunNode"]
+
+
+@dataclass(frozen=True)
+class MessageDetail:
+    """One message in full: payload, every failure, lease, what blocks it, its trace."""
+
+    id: str
+    signal: str
+    flow: str | None
+    key: str | None
+    status: str
+    payload: Any
+    attempts: int
+    retries: int
+    replays: int
+    created_at: int
+    updated_at: int
+    finished_at: int | None
+    parent_run_id: str | None
+    failures: list[Failure]
+    lease: Lease
+    blocked_by: Blocker | None
+    runs: list[RunNode]    # the attempts that handled this message (without their subtrees)
+    trace: list[RunNode]   # run trees from their roots: the emitting run's, else each handling run's
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    code: str
+    message: str
+    count: int
+    last_at: int
+
+
+@dataclass(frozen=True)
+class Replayed:
+    replayed: int
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class ReplayPreview:
+    """A dry run: what a replay would take (ids: a sample of at most 20)."""
+
+    replayed: int
+    would_replay: int
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class Purged:
+    """`ids` lists the deleted ids, at most 10,000 (`purged` is the exact count)."""
+
+    purged: int
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class PurgePreview:
+    purged: int
+    would_purge: int
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    at: int
+    actor: str
+    action: str
+    signal: str | None
+    count: int
+    ids: list[str]
+    reason: str | None
 
 
 def to_json(record: Any) -> Any:

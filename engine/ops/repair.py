@@ -1,0 +1,272 @@
+"""Operator writes: replay dead letters, purge finished messages, and the audit log.
+
+Each function here runs inside ONE write transaction given by `Store.write`, so it
+commits whole or not at all: the status change, the failure-history markers and
+the audit row land together. The status change is always a guarded
+`UPDATE … WHERE status = 'dead'` (or `DELETE … WHERE status = …`): under
+concurrency the database re-checks the guard on the row it locks, so two replays
+of one dead letter requeue it once and the second reports 0.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sqlalchemy import Connection, and_, delete, func, select, text, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from .. import payloads
+from ..ids import now_ms
+from ..signals import declared
+from ..store import schema
+from . import queries
+from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessage
+
+m = schema.messages
+f = schema.failures
+CHUNK = 1000            # ids per IN list (both drivers cap bind parameters around 32k)
+SAMPLE = 20             # ids shown by a dry run
+MAX_AUDIT_IDS = 10_000  # a purge audits at most this many ids (its count is always exact)
+FINISHABLE = ("delivered", "dead")
+PURGE_BATCH = 5000
+
+
+class _Unchanged:
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Any = _Unchanged()  # replay(payload=UNCHANGED) keeps every payload as it is
+
+
+def default_actor() -> str:
+    """The OS user running this process (the audit's actor unless one is given)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return os.environ.get("USER") or os.environ.get("USERNAME") or "unknown"
+
+
+def write_audit(conn: Connection, action: str, actor: str | None, signal: str | None, ids: Sequence[str],
+                reason: str | None, count: int | None = None, at: int | None = None) -> None:
+    conn.execute(schema.audit.insert().values(
+        at=at if at is not None else now_ms(), actor=actor or default_actor(), action=action, signal=signal,
+        count=len(ids) if count is None else count, ids=json.dumps(list(ids)), reason=reason))
+
+
+# -- replay ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Selection:
+    """Which dead letters of a signal a replay takes. `ids=None` means every one that matches."""
+
+    signal: str
+    ids: tuple[str, ...] | None = None
+    code: str | None = None
+    match: str | None = None
+    key: str | None = None
+    older_than_ms: int | None = None
+
+    def conditions(self, now: int) -> list[ColumnElement[bool]]:
+        conds: list[ColumnElement[bool]] = [m.c.signal == self.signal, m.c.status == "dead"]
+        if self.key is not None:
+            conds.append(m.c.key == self.key)
+        if self.older_than_ms is not None:
+            # age of a dead letter: how long it has been dead (finished_at is set when it died)
+            conds.append(func.coalesce(m.c.finished_at, m.c.updated_at) <= now - self.older_than_ms)
+        if self.code is not None or self.match is not None:
+            last = (select(f.c.id).where(f.c.message_id == m.c.id, f.c.kind == "failure")
+                    .order_by(f.c.id.desc()).limit(1).scalar_subquery())
+            if self.code is not None:
+                conds.append(select(f.c.code).where(f.c.id == last).scalar_subquery() == self.code)
+            if self.match is not None:
+                conds.append(select(f.c.message).where(f.c.id == last).scalar_subquery()
+                             .ilike(f"%{_escape_like(self.match)}%", escape="\\"))
+        return conds
+
+
+def _escape_like(text_: str) -> str:
+    return text_.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def encode_payload(signal: str, value: Any) -> str:
+    """JSON text for a replacement payload, checked by the signal's schema when declared here (OKE1250)."""
+    declared_signal = declared(signal)
+    if declared_signal is not None:
+        return payloads.encode(declared_signal, value)
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"the replacement payload is not JSON ({err})") from err
+
+
+def check_ids(conn: Connection, sel: Selection) -> None:
+    """Every named id must be a message of the signal (dead or not): else UnknownMessage."""
+    queries.require_signal(conn, sel.signal)
+    if not sel.ids:
+        return
+    found: set[str] = set()
+    wanted = list(dict.fromkeys(sel.ids))
+    for start in range(0, len(wanted), CHUNK):
+        chunk = wanted[start:start + CHUNK]
+        found.update(r[0] for r in conn.execute(select(m.c.id).where(m.c.signal == sel.signal,
+                                                                      m.c.id.in_(chunk))))
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise UnknownMessage(missing, sel.signal, queries.known_signals(conn))
+
+
+def _id_chunks(sel: Selection) -> list[list[str] | None]:
+    if sel.ids is None:
+        return [None]
+    wanted = list(dict.fromkeys(sel.ids))
+    return [wanted[i:i + CHUNK] for i in range(0, len(wanted), CHUNK)]
+
+
+def preview(conn: Connection, sel: Selection) -> ReplayPreview:
+    """What a replay would take now (count, and a sample of ids in seq order); changes nothing."""
+    check_ids(conn, sel)
+    now = now_ms()
+    total = 0
+    sample: list[str] = []
+    for chunk in _id_chunks(sel):
+        conds = sel.conditions(now)
+        if chunk is not None:
+            conds.append(m.c.id.in_(chunk))
+        total += int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
+        if len(sample) < SAMPLE:
+            sample += [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq)
+                                                  .limit(SAMPLE - len(sample)))]
+    return ReplayPreview(replayed=0, would_replay=total, ids=sample)
+
+
+def candidate_seqs(conn: Connection, sel: Selection) -> list[int]:
+    """The seqs a replay would take now, in emit order (used to pace a rate-limited replay)."""
+    check_ids(conn, sel)
+    now = now_ms()
+    seqs: list[int] = []
+    for chunk in _id_chunks(sel):
+        conds = sel.conditions(now)
+        if chunk is not None:
+            conds.append(m.c.id.in_(chunk))
+        seqs += [r[0] for r in conn.execute(select(m.c.seq).where(and_(*conds)))]
+    return sorted(set(seqs))
+
+
+@dataclass(frozen=True)
+class ReplayBatch:
+    ids: list[str]      # replayed, in seq order
+    queues: list[str]   # the queues to wake
+
+
+def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str | None,
+           payload_text: str | None = None, seqs: Sequence[int] | None = None,
+           verify: bool = True) -> ReplayBatch:
+    """dead → pending for the selected dead letters, in one transaction.
+
+    Same id and seq (so per-key order holds), attempts 0, lease cleared, `replays` + 1,
+    a "replayed" marker appended to each failure history, one audit row, and on
+    PostgreSQL a NOTIFY per affected queue (sent at commit). `seqs` restricts the
+    update to those rows (a chunk of a rate-limited replay); the selection's filters
+    and the `status = 'dead'` guard still apply, so a row that changed meanwhile is skipped.
+    """
+    if verify:
+        check_ids(conn, sel)
+    actor = actor or default_actor()
+    now = now_ms()
+    values: dict[str, Any] = {"status": "pending", "attempts": 0, "locked_by": None, "lease_expires_at": None,
+                              "finished_at": None, "updated_at": now, "replays": m.c.replays + 1}
+    if payload_text is not None:
+        values["payload"] = payload_text
+    if seqs is not None:
+        chunks: list[tuple[str, list[Any]]] = [("seq", list(seqs[i:i + CHUNK]))
+                                               for i in range(0, len(seqs), CHUNK)]
+    else:
+        chunks = [("id", c) if c is not None else ("all", []) for c in _id_chunks(sel)]
+    done: list[tuple[int, str, str]] = []
+    for kind, chunk in chunks:
+        conds = sel.conditions(now)
+        if kind == "seq":
+            conds.append(m.c.seq.in_(chunk))
+        elif kind == "id":
+            conds.append(m.c.id.in_(chunk))
+        result = conn.execute(update(m).where(and_(*conds)).values(**values)
+                              .returning(m.c.seq, m.c.id, m.c.queue))
+        done += [(r.seq, r.id, r.queue) for r in result]
+    done.sort()
+    ids = [d[1] for d in done]
+    if not ids:
+        return ReplayBatch(ids=[], queues=[])
+    note = f"replayed by {actor}"
+    if payload_text is not None:
+        note += " with a replaced payload"
+    if reason:
+        note += f": {reason}"
+    conn.execute(f.insert(), [{"message_id": i, "attempt": 0, "code": REPLAYED, "message": note, "at": now,
+                               "run_id": None, "kind": REPLAYED} for i in ids])
+    audit_reason = reason
+    if payload_text is not None:
+        audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
+    write_audit(conn, "replay", actor, sel.signal, ids, audit_reason, at=now)
+    queues = sorted({d[2] for d in done})
+    notify(conn, queues)
+    return ReplayBatch(ids=ids, queues=queues)
+
+
+def notify(conn: Connection, queues: Sequence[str]) -> None:
+    """On PostgreSQL, wake workers in other processes (LISTEN oke_wake) when this commits."""
+    if conn.dialect.name != "postgresql":
+        return
+    for queue in queues:
+        conn.execute(text("SELECT pg_notify('oke_wake', :q)"), {"q": queue})
+
+
+# -- purge ----------------------------------------------------------------------------------------
+def _purge_conditions(signal: str, status: str, older_than_ms: int | None, now: int) -> list[Any]:
+    if status not in FINISHABLE:
+        raise ValueError(f'purge deletes finished messages: status must be "delivered" or "dead", '
+                         f'not "{status}"')
+    conds: list[Any] = [m.c.signal == signal, m.c.status == status]
+    if older_than_ms is not None:
+        conds.append(func.coalesce(m.c.finished_at, m.c.updated_at) <= now - older_than_ms)
+    return conds
+
+
+def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int | None) -> PurgePreview:
+    conds = _purge_conditions(signal, status, older_than_ms, now_ms())
+    queries.require_signal(conn, signal)
+    total = int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
+    sample = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(SAMPLE))]
+    return PurgePreview(purged=0, would_purge=total, ids=sample)
+
+
+def purge(conn: Connection, signal: str, status: str, older_than_ms: int | None, *, actor: str | None,
+          reason: str | None) -> Purged:
+    """Delete finished messages with their failure rows and step rows, and audit it, in one transaction.
+
+    Runs stay (they are the trace history). The audit row's `ids` holds at most
+    MAX_AUDIT_IDS of the deleted ids; its `count` is exact.
+    """
+    now = now_ms()
+    conds = _purge_conditions(signal, status, older_than_ms, now)
+    queries.require_signal(conn, signal)
+    ids: list[str] = []
+    count = 0
+    while True:  # bounded batches, all inside this one transaction
+        batch = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq)
+                                            .limit(PURGE_BATCH))]
+        if not batch:
+            break
+        gone = [r[0] for r in conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch))
+                                           .returning(m.c.id))]
+        for start in range(0, len(gone), CHUNK):
+            chunk = gone[start:start + CHUNK]
+            conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
+            conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(chunk)))
+        count += len(gone)
+        ids += gone[:MAX_AUDIT_IDS - len(ids)]
+    if count:
+        write_audit(conn, "purge", actor, signal, ids, reason, count=count, at=now)
+    return Purged(purged=count, ids=ids)
