@@ -5,9 +5,11 @@ from .app import OkeApp, oke
 from .errors import OkeError, StoreUnavailable
 from .flows import flow, forget_bindings, on
 from .fx import Fx
+from .http import Forbidden, Unauthorized, gate, http
 from .signals import Signal, forget_declarations, signal
 
-__all__ = ["OkeApp", "OkeError", "StoreUnavailable", "Fx", "Signal", "flow", "oke", "on", "reset", "signal"]
+__all__ = ["Forbidden", "Fx", "OkeApp", "OkeError", "Signal", "StoreUnavailable", "Unauthorized", "flow",
+           "gate", "http", "oke", "on", "reset", "signal"]
 
 
 def reset() -> None:

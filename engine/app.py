@@ -8,9 +8,12 @@ import time
 from typing import Any
 
 from . import payloads
+from .bus import live
 from .bus.routing import rows_for
 from .errors import OkeError
 from .flows import Binding, Manifest, build_manifest, current_bindings
+from .http.routes import check_routes
+from .http.server import HttpServer
 from .ids import new_id
 from .ops import registry
 from .signals import Signal, all_declared, check_name, declared
@@ -43,6 +46,7 @@ class OkeApp:
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
         self._bound_cache: dict[str, tuple[float, list[str]]] = {}
+        self._http: HttpServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "OkeApp":
@@ -57,6 +61,7 @@ class OkeApp:
         if self.store is not None:
             return
         manifest = build_manifest(self._bindings if self._bindings is not None else current_bindings())
+        check_routes(manifest.routes)
         store = make_store(self.database_url)
         await store.open()
         try:
@@ -65,6 +70,8 @@ class OkeApp:
             binding_rows = [(name, f.name or "", manifest.signals[name].kind)
                             for name, flows in manifest.signal_flows.items() for f in flows]
             await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows))
+            live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
+            await store.write(lambda conn: [live.ensure_tape(conn, n) for n in live_names])
         except BaseException:
             await store.close()
             raise
@@ -78,6 +85,11 @@ class OkeApp:
 
     async def close(self) -> None:
         self._stop_requested.set()
+        if self._http is not None:
+            self._http.shutdown()
+            if self._http._hubs is not None:
+                self._http._hubs.close()
+                self._http._hubs = None
         if self.store is not None:
             store, self.store = self.store, None
             await store.close()
@@ -125,7 +137,7 @@ class OkeApp:
             raise ValueError(f'emit("{target.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
         if target.kind == "live":
-            return await self._append_live(target, encoded, parent_run_id)
+            return await self._append_live(target, encoded, parent_run_id, emitter)
         flows = await self._flows_of(target)
         if not flows and not target.optional:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
@@ -134,8 +146,54 @@ class OkeApp:
             await store.enqueue(rows)
         return msg_id
 
-    async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
-        raise NotImplementedError("live tapes arrive with the live-tape issue")
+    async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None,
+                           emitter: str | None = None) -> str:
+        """Append to the tape in one transaction; every connected stream on every process sees it."""
+        assert self.store is not None and self.manifest is not None
+        if not signal.optional and signal.name not in self._exposed_live():
+            raise OkeError.of(1240, flow=emitter or self.name, resource=signal.name)
+        ids = await self.store.write(lambda conn: live.append(conn, signal, [encoded], parent_run_id))
+        if self._http is not None:
+            self._http.wake(signal.name)
+        return ids[0]
+
+    def _exposed_live(self) -> set[str]:
+        assert self.manifest is not None
+        return {b.trigger.live_signal.name for b in self.manifest.routes
+                if getattr(b.trigger, "live_signal", None) is not None}
+
+    # -- HTTP ------------------------------------------------------------------------------
+    @property
+    def asgi(self) -> HttpServer:
+        """The ASGI application (HTTP routes + SSE); its lifespan boots the app if needed."""
+        if self._http is None:
+            routes = self.manifest.routes if self.manifest is not None else [
+                b for b in (self._bindings if self._bindings is not None else current_bindings())
+                if not isinstance(b.trigger, Signal)]
+            self._http = HttpServer(self, routes)
+        return self._http
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
+        """Run HTTP/SSE and the workers until `stop()`; open streams end with `data: [DONE]`."""
+        import uvicorn
+
+        await self.start()
+        server = uvicorn.Server(uvicorn.Config(self.asgi, host=host, port=port, log_level="warning",
+                                               lifespan="off", timeout_graceful_shutdown=5))
+        server_task = asyncio.create_task(server.serve(), name="oke-http")
+        workers = asyncio.create_task(self.run(concurrency), name="oke-workers")
+        stopped = asyncio.create_task(self._stop_requested.wait())
+        try:
+            await asyncio.wait({server_task, stopped, workers}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stop_requested.set()
+            self.asgi.shutdown()
+            server.should_exit = True
+            await asyncio.gather(server_task, workers, return_exceptions=True)
+            stopped.cancel()
+        for task in (server_task, workers):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
     # -- workers ---------------------------------------------------------------------------
     def _routes(self) -> dict[str, Route]:

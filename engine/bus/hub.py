@@ -1,0 +1,169 @@
+"""Per-process fan-out of live tapes: one reader per tape, many SSE streams.
+
+A thousand connected clients must not mean a thousand queries per event. Each
+process keeps one `TapeHub` per tape with subscribers: it reads new events once
+(woken by local appends, by NOTIFY on PostgreSQL, by WAL changes on SQLite, and
+by a slow poll as a fallback) and hands each batch to every subscriber's queue.
+A subscriber too slow to keep up is dropped; its client resumes by id.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Callable
+
+from ..store import Store
+from . import live
+
+log = logging.getLogger("engine.bus.hub")
+FALLBACK_POLL_S = 1.0
+WAL_POLL_S = 0.02
+QUEUE_BATCHES = 256
+
+
+DONE = "done"  # put in a queue when the server shuts down
+
+
+class Subscription:
+    """One stream's view of a hub: batches of events; None when dropped for being slow."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[list[live.LiveItem] | None | str] = asyncio.Queue(QUEUE_BATCHES)
+        self.dropped = False
+
+    def end(self) -> None:
+        """Tell the stream the server is shutting down."""
+        try:
+            self.queue.put_nowait(DONE)
+        except asyncio.QueueFull:
+            self.queue.get_nowait()
+            self.queue.put_nowait(DONE)
+
+    def offer(self, batch: list[live.LiveItem]) -> None:
+        if self.dropped:
+            return
+        try:
+            self.queue.put_nowait(batch)
+        except asyncio.QueueFull:
+            self.dropped = True
+            self.queue.get_nowait()
+            self.queue.put_nowait(None)
+
+
+class TapeHub:
+    def __init__(self, store: Store, signal: str, on_empty: Callable[["TapeHub"], None]) -> None:
+        self.store = store
+        self.signal = signal
+        self.subscribers: set[Subscription] = set()
+        self.wake = asyncio.Event()
+        self.last_seq: int | None = None
+        self.epoch = ""
+        self.on_empty = on_empty
+        self.task: asyncio.Task[None] | None = None
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription()
+        self.subscribers.add(sub)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name=f"oke-hub:{self.signal}")
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self.subscribers.discard(sub)
+        if not self.subscribers:
+            if self.task is not None:
+                self.task.cancel()
+                self.task = None
+            self.last_seq = None
+            self.on_empty(self)
+
+    async def _run(self) -> None:
+        wal = getattr(self.store, "path", None)
+        wal_path = wal + "-wal" if self.store.dialect == "sqlite" and wal else None
+        seen = _stat(wal_path)
+        backoff = 0.1
+        while self.subscribers:
+            try:
+                if self.last_seq is None:
+                    tape = await self.store.read(lambda c: live.state(c, self.signal))
+                    self.last_seq = tape.head if tape else 0
+                    self.epoch = tape.epoch if tape else ""
+                while True:
+                    after = self.last_seq
+                    events = await self.store.read(lambda c: live.read_after(c, self.signal, after))
+                    if not events:
+                        break
+                    self.last_seq = events[-1].seq
+                    batch = live.items(self.epoch, events)
+                    for sub in list(self.subscribers):
+                        sub.offer(batch)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the store is away: keep the streams, retry
+                log.warning("live tape %s: read failed (%s); retrying in %.1fs", self.signal, err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self.wake.clear()
+            waited = 0.0
+            step = WAL_POLL_S if wal_path else FALLBACK_POLL_S
+            while not self.wake.is_set() and waited < FALLBACK_POLL_S:
+                try:
+                    await asyncio.wait_for(self.wake.wait(), step)
+                except TimeoutError:
+                    waited += step
+                    if wal_path:
+                        now = _stat(wal_path)
+                        if now != seen:
+                            seen = now
+                            break
+
+
+def _stat(path: str | None) -> tuple[int, int]:
+    if path is None:
+        return (0, 0)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
+class HubRegistry:
+    """The hubs of one store in this process, woken by appends and notifications."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.hubs: dict[str, TapeHub] = {}
+        store.on_notify(live.TAPE_CHANNEL, self._on_notify)
+
+    def hub(self, signal: str) -> TapeHub:
+        found = self.hubs.get(signal)
+        if found is None:
+            found = self.hubs[signal] = TapeHub(self.store, signal, self._forget)
+        return found
+
+    def _forget(self, hub: TapeHub) -> None:
+        if self.hubs.get(hub.signal) is hub:
+            del self.hubs[hub.signal]
+
+    def wake(self, signal: str) -> None:
+        hub = self.hubs.get(signal)
+        if hub is not None:
+            hub.wake.set()
+
+    def _on_notify(self, payload: str) -> None:
+        if not payload:  # the LISTEN connection came back: anything may have happened
+            for hub in self.hubs.values():
+                hub.wake.set()
+            return
+        _head, _, signal = payload.partition(" ")
+        self.wake(signal)
+
+    def close(self) -> None:
+        for hub in list(self.hubs.values()):
+            if hub.task is not None:
+                hub.task.cancel()
+        self.hubs.clear()

@@ -1,0 +1,211 @@
+"""The Python client for live tapes: `stream()` and `live()` with resume and back-off.
+
+It asks the server which exposures a signal has (`/_oke/exposures`), picks the
+one whose path params are the largest subset of the input (a tie needs `via`),
+and follows it: reconnects send `Last-Event-ID` from the last id received (an
+id-only heartbeat frame counts), a 410 raises `LiveResumeGap` — or, with
+`auto_resubscribe`, drops the cursor and replays the remaining tape after a
+back-off of 500 ms doubling to 30 s.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+from urllib.parse import quote
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from .errors import OkeError
+from .signals import Signal
+
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class LiveEvent:
+    id: str
+    data: Any
+
+
+class LiveResumeGap(OkeError):
+    """The server cannot resume after the cursor (410): it was malformed, reset, unknown or pruned."""
+
+    def __init__(self, signal: str, after_id: str, reason: str | None, first_id: str | None,
+                 missed: int | None) -> None:
+        super().__init__(1210, f'Cursor "{after_id}" missing on "{signal}".',
+                         "Reconnect without a cursor to replay the retained tape.",
+                         data={"signal": signal, "afterId": after_id, "reason": reason,
+                               "firstId": first_id, "missed": missed})
+        self.signal = signal
+        self.after_id = after_id
+        self.reason = reason
+        self.first_id = first_id
+        self.missed = missed
+
+
+class ClientError(RuntimeError):
+    """The server answered with an error other than 410 (401, 403, 404, 5xx)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {code}: {message}")
+        self.status = status
+        self.code = code
+
+
+class _Ended(Exception):
+    """The server ended the stream with `data: [DONE]` (it is shutting down)."""
+
+
+def _signal_name(signal: Signal | str) -> str:
+    return signal.name if isinstance(signal, Signal) else signal
+
+
+class Client:
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._exposures: list[dict[str, Any]] | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def exposures(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        if self._exposures is None:
+            response = await client.get(f"{self.base_url}/_oke/exposures", headers=self._headers())
+            _raise_for_error(response, "")
+            self._exposures = response.json()["data"]
+        return self._exposures
+
+    async def path_for(self, client: httpx.AsyncClient, signal: str, params: dict[str, Any],
+                       via: str | None) -> str:
+        """The URL path of the exposure to follow (SPEC §8 choice rule)."""
+        exposures = [e for e in await self.exposures(client) if e["signal"] == signal]
+        if via is not None:
+            chosen = [e for e in exposures if e["path"] == via]
+            if not chosen:
+                raise ValueError(f'via="{via}": "{signal}" is not exposed at that path '
+                                 f"(exposed at: {', '.join(e['path'] for e in exposures) or 'nowhere'})")
+        else:
+            fitting = [e for e in exposures if set(e["params"]) <= set(params)]
+            if not fitting:
+                raise ValueError(f'"{signal}" has no exposure whose path params fit {sorted(params)}')
+            best = max(len(e["params"]) for e in fitting)
+            chosen = [e for e in fitting if len(e["params"]) == best]
+            if len(chosen) > 1:
+                raise ValueError(f'"{signal}" has {len(chosen)} exposures that fit equally well '
+                                 f"({', '.join(e['path'] for e in chosen)}): pass via=PATH")
+        path = chosen[0]["path"]
+        for name in chosen[0]["params"]:
+            path = path.replace(f":{name}", quote(str(params[name]), safe=""))
+        return path
+
+    async def stream(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
+                     last_event_id: str | None = None, via: str | None = None,
+                     auto_resubscribe: bool = False, reconnect: bool = True,
+                     on_open: Callable[[], Any] | None = None) -> AsyncIterator[LiveEvent]:
+        """Events of a live tape, resuming by id across drops, until the caller stops iterating."""
+        name = _signal_name(signal)
+        params = dict(params or {})
+        cursor = last_event_id
+        backoff = BACKOFF_MIN_S
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=None)) as client:
+            url = self.base_url + await self.path_for(client, name, params, via)
+            while True:
+                headers = {**self._headers(), "Accept": "text/event-stream"}
+                if cursor:
+                    headers["Last-Event-ID"] = cursor
+                try:
+                    async with aconnect_sse(client, "GET", url, headers=headers) as source:
+                        if source.response.status_code != 200:
+                            await source.response.aread()
+                            _raise_for_error(source.response, cursor or "")
+                        backoff = BACKOFF_MIN_S
+                        if on_open is not None:
+                            on_open()
+                        async for sse in source.aiter_sse():
+                            if sse.id:
+                                cursor = sse.id
+                            if sse.data == "[DONE]":
+                                raise _Ended()
+                            if not sse.data:
+                                continue  # heartbeat (httpx-sse yields id-only frames as empty events)
+                            yield LiveEvent(sse.id, json.loads(sse.data))
+                except LiveResumeGap:
+                    if not auto_resubscribe:
+                        raise
+                    cursor = None
+                except (_Ended, httpx.TransportError):
+                    if not reconnect:
+                        return
+                await asyncio.sleep(backoff * (0.8 + 0.4 * random.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def live(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
+             on_event: Callable[[LiveEvent], Any], on_error: Callable[[BaseException], Any] | None = None,
+             on_open: Callable[[], Any] | None = None, auto_resubscribe: bool = False,
+             via: str | None = None, last_event_id: str | None = None) -> Callable[[], None]:
+        """Follow a tape with callbacks; returns `stop()`. Runs on the current loop, else a thread."""
+
+        async def follow() -> None:
+            try:
+                async for event in self.stream(signal, params, last_event_id=last_event_id, via=via,
+                                               auto_resubscribe=auto_resubscribe, on_open=on_open):
+                    on_event(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                if on_error is not None:
+                    on_error(err)
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            task = loop.create_task(follow())
+            return lambda: task.cancel() and None
+
+        own = asyncio.new_event_loop()
+        holder: dict[str, asyncio.Task[None]] = {}
+
+        def run() -> None:
+            asyncio.set_event_loop(own)
+            holder["task"] = own.create_task(follow())
+            try:
+                own.run_until_complete(holder["task"])
+            except asyncio.CancelledError:
+                pass
+            finally:
+                own.close()
+
+        thread = threading.Thread(target=run, name="oke-client-live", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            task = holder.get("task")
+            if task is not None and not own.is_closed():
+                own.call_soon_threadsafe(task.cancel)
+            thread.join(timeout=5)
+
+        return stop
+
+
+def _raise_for_error(response: httpx.Response, cursor: str) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        raise ClientError(response.status_code, "HTTPError", response.text[:200]) from None
+    if response.status_code == 410:
+        data = error.get("data") or {}
+        raise LiveResumeGap(data.get("signal", ""), data.get("afterId", cursor), data.get("reason"),
+                            data.get("firstId"), data.get("missed"))
+    raise ClientError(response.status_code, error.get("code", "HTTPError"), error.get("message", ""))

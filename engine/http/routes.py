@@ -1,0 +1,175 @@
+"""HTTP route declarations: `http.get/post/...(path)`, `http.live(signal)`, gates, `.public()`.
+
+Routes are immutable builders: `.gate()`, `.public()` and `.live()` return new
+routes. `on(route)` binds a live exposure; `on(route, flow)` binds a flow.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote
+
+from ..errors import OkeError
+from ..flows import Binding, Flow, add_binding, register_route_binder
+from ..signals import Signal
+
+LIVE_PREFIX = "/_oke/live/"
+_PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class HttpError(Exception):
+    """An error with an HTTP status and a code for the JSON envelope."""
+
+    status = 500
+    code = "InternalError"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Unauthorized(HttpError):
+    """Raised by a gate: no or bad credentials (401)."""
+
+    status = 401
+    code = "Unauthorized"
+
+
+class Forbidden(HttpError):
+    """Raised by a gate: known caller, not allowed (403)."""
+
+    status = 403
+    code = "Forbidden"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A named check; `check(request)` returns an identity or raises Unauthorized / Forbidden."""
+
+    name: str
+    check: Callable[[Any], Any | Awaitable[Any]]
+
+
+def gate(name: str, check: Callable[[Any], Any]) -> Gate:
+    if not isinstance(name, str) or not name:
+        raise TypeError("gate(name, check): the name must be a non-empty string")
+    if not callable(check):
+        raise TypeError(f'gate("{name}", check): check must be callable')
+    return Gate(name, check)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    gates: tuple[Gate, ...] = ()
+    is_public: bool = False
+    live_signal: Signal | None = None
+    firehose: bool = False
+    input: Any = None
+
+    def gate(self, *gates: Gate) -> "Route":
+        for g in gates:
+            if not isinstance(g, Gate):
+                raise TypeError(f"{self.method} {self.path}: .gate() takes gates made by gate(name, check)")
+        return replace(self, gates=self.gates + tuple(gates))
+
+    def public(self) -> "Route":
+        return replace(self, is_public=True)
+
+    def live(self, signal: Signal) -> "Route":
+        if self.method != "GET":
+            raise TypeError("on(http.*.live(signal)): live exposure must be GET")
+        if not isinstance(signal, Signal) or signal.kind != "live":
+            raise TypeError(f"{self.method} {self.path}: .live() takes a signal.live(...) handle, got {signal!r}")
+        return replace(self, live_signal=signal)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return tuple(_PARAM.findall(self.path))
+
+    def describe(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def live_path(signal_name: str) -> str:
+    return LIVE_PREFIX + quote(signal_name, safe="")
+
+
+class _Http:
+    """The `http` namespace of route builders."""
+
+    @staticmethod
+    def _route(method: str, path: str, input: Any = None) -> Route:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"http.{method.lower()}({path!r}): a path starts with '/'")
+        if path.startswith("/_oke/"):
+            raise ValueError(f"http.{method.lower()}({path!r}): /_oke/ is reserved for the engine")
+        return Route(method, path, input=input)
+
+    def get(self, path: str, *, input: Any = None) -> Route:
+        return self._route("GET", path, input)
+
+    def post(self, path: str, *, input: Any = None) -> Route:
+        return self._route("POST", path, input)
+
+    def put(self, path: str, *, input: Any = None) -> Route:
+        return self._route("PUT", path, input)
+
+    def patch(self, path: str, *, input: Any = None) -> Route:
+        return self._route("PATCH", path, input)
+
+    def delete(self, path: str, *, input: Any = None) -> Route:
+        return self._route("DELETE", path, input)
+
+    def live(self, signal: Signal) -> Route:
+        """The firehose of a live tape at /_oke/live/{name}."""
+        if not isinstance(signal, Signal) or signal.kind != "live":
+            raise TypeError(f"http.live(): expected a signal.live(...) handle, got {signal!r}")
+        return Route("GET", live_path(signal.name), live_signal=signal, firehose=True)
+
+
+http = _Http()
+
+
+def _bind_route(trigger: Any, bound: Flow | Callable[..., Any] | None) -> Any:
+    if not isinstance(trigger, Route):
+        return NotImplemented
+    if bound is None and trigger.live_signal is None:
+        def bind(target: Any) -> Flow:
+            return _bind_route(trigger, target)
+        return bind
+    if bound is not None and not isinstance(bound, Flow):
+        if not callable(bound):
+            raise TypeError(f"on({trigger.describe()}): expected a flow, got {bound!r}")
+        bound = Flow(name=None, do=bound)
+    target = bound if bound is not None else Flow(name=None, do=None)
+    add_binding(Binding(trigger, target))
+    return target if bound is not None else trigger
+
+
+register_route_binder(_bind_route)
+
+
+def check_routes(bindings: list[Binding]) -> None:
+    """Boot checks: every route gated or public, OKE1050, OKE1041."""
+    seen_exposures: dict[tuple[Any, ...], Binding] = {}
+    seen_paths: dict[tuple[str, str], Binding] = {}
+    for b in bindings:
+        route: Route = b.trigger
+        if not route.gates and not route.is_public:
+            raise ValueError(f"{route.describe()}: every HTTP route needs .gate(...) or .public()")
+        if route.live_signal is not None and b.flow.do is None:
+            gates = ", ".join(sorted(g.name for g in route.gates)) or "public"
+            match = ", ".join(route.params) or "none"
+            ident = (route.live_signal.name, route.path, gates, route.is_public)
+            if ident in seen_exposures:
+                raise OkeError.of(1050, signal=route.live_signal.name, gates=gates, match=match)
+            seen_exposures[ident] = b
+            if route.firehose:
+                continue  # firehoses with other gates share the path; the first whose gates pass serves
+        key = (route.method, route.path)
+        if key in seen_paths:
+            raise OkeError.of(1041, method=route.method, path=route.path, flow=b.flow.name or "(exposure)")
+        seen_paths[key] = b

@@ -1,0 +1,290 @@
+"""The ASGI application: live exposures over SSE, flow routes, gates, JSON error envelopes."""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from ..bus import live
+from ..bus.hub import HubRegistry
+from ..errors import OkeError
+from ..flows import Binding
+from ..fx import Fx, LiveBody
+from .routes import LIVE_PREFIX, HttpError, Route, check_routes
+from .sse import StreamControl, live_stream, param_match
+
+if TYPE_CHECKING:
+    from ..app import OkeApp
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+MAX_TAIL = 10_000
+
+
+def envelope(status: int, code: str, message: str, data: dict[str, Any] | None = None,
+             oke: int | None = None) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if oke is not None:
+        error["oke"] = oke
+    if data is not None:
+        error["data"] = data
+    return JSONResponse({"data": None, "error": error}, status_code=status)
+
+
+def resume_gap(signal: str, cursor: str, gap: live.Gap) -> JSONResponse:
+    return envelope(410, "LiveResumeGap", f'Cursor "{cursor}" missing on "{signal}".', oke=1210,
+                    data={"signal": signal, "afterId": cursor, "reason": gap.reason,
+                          "firstId": gap.first_id, "missed": gap.missed})
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    binding: Binding
+    pattern: re.Pattern[str]
+
+    @property
+    def route(self) -> Route:
+        return self.binding.trigger
+
+
+def _compile(path: str) -> re.Pattern[str]:
+    parts = re.split(r"(:[A-Za-z_][A-Za-z0-9_]*)", path)
+    regex = "".join(f"(?P<{p[1:]}>[^/]+)" if p.startswith(":") else re.escape(p) for p in parts)
+    return re.compile(f"^{regex}$")
+
+
+class HttpServer:
+    """Routes requests to live exposures and flows; ends open streams on shutdown."""
+
+    def __init__(self, app: "OkeApp", bindings: list[Binding]) -> None:
+        check_routes(bindings)
+        self.app = app
+        self.firehoses: dict[str, list[Binding]] = {}
+        self.routes: list[_Compiled] = []
+        for b in bindings:
+            route: Route = b.trigger
+            if route.firehose:
+                self.firehoses.setdefault(route.live_signal.name, []).append(b)  # type: ignore[union-attr]
+            else:
+                self.routes.append(_Compiled(b, _compile(route.path)))
+        self.control = StreamControl()
+        self._hubs: HubRegistry | None = None
+
+    @property
+    def live_signals(self) -> list[Any]:
+        found = {b.trigger.live_signal.name: b.trigger.live_signal for b in self.firehoses_and_routes()
+                 if b.trigger.live_signal is not None}
+        return list(found.values())
+
+    def firehoses_and_routes(self) -> list[Binding]:
+        return [b for bs in self.firehoses.values() for b in bs] + [c.binding for c in self.routes]
+
+    def hubs(self) -> HubRegistry:
+        store = self.app._require_store()
+        if self._hubs is None or self._hubs.store is not store:
+            self._hubs = HubRegistry(store)
+        return self._hubs
+
+    def wake(self, signal: str) -> None:
+        if self._hubs is not None:
+            self._hubs.wake(signal)
+
+    def shutdown(self) -> None:
+        self.control.close_all()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        response = await self._dispatch(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.app.start()
+                except Exception as err:
+                    await send({"type": "lifespan.startup.failed", "message": str(err)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _dispatch(self, request: Request) -> Response:
+        try:
+            raw_path = request.scope.get("raw_path") or request.url.path.encode()
+            raw = raw_path.decode("latin-1").split("?", 1)[0]
+            if raw.startswith(LIVE_PREFIX):
+                return await self._firehose(request, unquote(raw[len(LIVE_PREFIX):], errors="strict"))
+            if raw == "/_oke/exposures" and request.method == "GET":
+                return JSONResponse({"data": self.exposures(), "error": None})
+            path = request.url.path
+            allowed = False
+            for compiled in self.routes:
+                found = compiled.pattern.match(path)
+                if found is None:
+                    continue
+                allowed = True
+                if compiled.route.method == request.method:
+                    return await self._route(request, compiled, found.groupdict())
+            if allowed:
+                return PlainTextResponse("Method Not Allowed", status_code=405)
+            return PlainTextResponse("Not Found", status_code=404)
+        except HttpError as err:
+            return envelope(err.status, err.code, err.message)
+        except UnicodeDecodeError:
+            return envelope(400, "BadRequest", "the path is not valid UTF-8 once decoded")
+
+    def exposures(self) -> list[dict[str, Any]]:
+        """Live exposures for clients choosing a path by their params."""
+        out = []
+        for b in self.firehoses_and_routes():
+            route: Route = b.trigger
+            if route.live_signal is None:
+                continue
+            out.append({"signal": route.live_signal.name, "path": route.path, "params": list(route.params),
+                        "gates": [g.name for g in route.gates], "public": route.is_public,
+                        "custom": b.flow.do is not None})
+        return out
+
+    async def _pass_gates(self, route: Route, request: Request) -> dict[str, Any]:
+        identities: dict[str, Any] = {}
+        for g in route.gates:
+            result = g.check(request)
+            if inspect.isawaitable(result):
+                result = await result
+            identities[g.name] = result
+        return identities
+
+    async def _firehose(self, request: Request, name: str) -> Response:
+        exposures = self.firehoses.get(name)
+        if not exposures:
+            return PlainTextResponse("Not Found", status_code=404)
+        if request.method != "GET":
+            return PlainTextResponse("Method Not Allowed", status_code=405)
+        first_error: HttpError | None = None
+        for b in exposures:
+            try:
+                await self._pass_gates(b.trigger, request)
+            except HttpError as err:
+                first_error = first_error or err
+                continue
+            return await self._serve_live(request, b.trigger.live_signal, None)
+        assert first_error is not None
+        raise first_error
+
+    async def _route(self, request: Request, compiled: _Compiled, params: dict[str, str]) -> Response:
+        route = compiled.route
+        await self._pass_gates(route, request)
+        binding = compiled.binding
+        if route.live_signal is not None and binding.flow.do is None:
+            return await self._serve_live(request, route.live_signal, param_match(params))
+        value = await self._input(request, route, params)
+        fx = Fx(self.app, binding.flow)
+        try:
+            result = binding.flow.do(value, fx)  # type: ignore[misc]
+            if inspect.isawaitable(result):
+                result = await result
+        except HttpError:
+            raise
+        except OkeError as err:
+            return envelope(400 if err.code == 1250 else 500, f"OKE{err.code}", str(err), oke=err.code)
+        if isinstance(result, LiveBody):
+            if route.live_signal is None or result.signal.name != route.live_signal.name:
+                return envelope(500, "InternalError", "fx.live() returned for a route not exposing that signal")
+            return await self._serve_live(request, result.signal, result.match)
+        try:
+            return JSONResponse({"data": _jsonable(result), "error": None})
+        except (TypeError, ValueError) as err:
+            return envelope(500, "InternalError", f"the flow returned a value JSON cannot carry: {err}")
+
+    async def _input(self, request: Request, route: Route, params: dict[str, str]) -> Any:
+        value: Any = dict(request.query_params)
+        value.update(params)
+        if request.method in ("POST", "PUT", "PATCH"):
+            body = await request.body()
+            if body:
+                try:
+                    decoded = json.loads(body)
+                except ValueError as err:
+                    return _raise_bad(f"the body is not JSON: {err}")
+                if isinstance(decoded, dict):
+                    value.update(decoded)
+                else:
+                    value = decoded
+        schema = route.input
+        try:
+            if isinstance(schema, type) and issubclass(schema, BaseModel):
+                return schema.model_validate(value)
+            if isinstance(schema, TypeAdapter):
+                return schema.validate_python(value)
+            if callable(schema):
+                return schema(value)
+        except ValidationError as err:
+            _raise_bad(f"invalid input: {err.errors()[0].get('msg')} at "
+                       f"{'.'.join(str(p) for p in err.errors()[0].get('loc', ()))}")
+        except HttpError:
+            raise
+        except Exception as err:
+            _raise_bad(f"invalid input: {err}")
+        return value
+
+    async def _serve_live(self, request: Request, signal: Any, match: Any) -> Response:
+        store = self.app._require_store()
+        cursor = request.headers.get("last-event-id")
+        if cursor is None:
+            cursor = request.query_params.get("lastEventId")
+        if signal.retention_rule.max_age_ms is not None:
+            await store.write(lambda c: live.prune(c, signal))
+        tape = await store.read(lambda c: live.state(c, signal.name))
+        if tape is None:
+            await store.write(lambda c: live.ensure_tape(c, signal.name))
+            tape = await store.read(lambda c: live.state(c, signal.name))
+            assert tape is not None
+        if cursor:
+            after, gap = live.check_cursor(tape, cursor)
+            if gap is not None:
+                return resume_gap(signal.name, cursor, gap)
+            assert after is not None
+        else:
+            after = _tail_start(request, tape)
+        body = live_stream(store, self.hubs(), self.control, signal.name, tape.epoch, after, match)
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _tail_start(request: Request, tape: live.TapeState) -> int:
+    """Without a cursor: the whole tape, or only the last N with ?tail=N (console extension)."""
+    tail = request.query_params.get("tail")
+    if tail is None:
+        return 0
+    if not tail.isdigit() or int(tail) > MAX_TAIL:
+        raise _BadRequest(f"tail must be an integer from 0 to {MAX_TAIL}")
+    return max(tape.head - int(tail), 0)
+
+
+class _BadRequest(HttpError):
+    status = 400
+    code = "BadRequest"
+
+
+def _raise_bad(message: str) -> Any:
+    raise _BadRequest(message)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    json.dumps(value)
+    return value
