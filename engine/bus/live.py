@@ -186,3 +186,7 @@ def wipe(conn: Connection, signal: str) -> str:
     conn.execute(update(t).where(t.c.signal == signal)
                  .values(epoch=epoch, pruned_through=row.head, pruned_count=0))
     return epoch
+
+
+def tape_names(conn: Connection) -> list[str]:
+    return [r[0] for r in conn.execute(select(t.c.signal).order_by(t.c.signal))]
