@@ -1,0 +1,435 @@
+"""once: delivery physics in one process (SPEC §5), on SQLite and PostgreSQL.
+
+Every test runs a real app on a real database (`db_url`) and asserts on the stored rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+from pydantic import BaseModel, EmailStr, TypeAdapter
+
+from engine import OkeError, flow, oke, on, signal
+from engine.ids import now_ms
+from engine.store import Outcome
+from workers.db import fetch, scalar, table_counts
+
+
+class Email(BaseModel):
+    to: EmailStr
+    body: str
+
+
+class PaymentDeclined(Exception):
+    code = "E_DECLINED"
+
+
+class IntCoded(Exception):
+    code = 402
+
+
+async def _row(url: str, msg_id: str) -> dict:
+    rows = await fetch(url, "SELECT status, attempts, locked_by, lease_expires_at, key, payload, "
+                            "parent_run_id, finished_at FROM oke_messages WHERE id = $1", msg_id)
+    assert len(rows) == 1, f"expected one row for {msg_id}, got {rows}"
+    names = ("status", "attempts", "locked_by", "lease_expires_at", "key", "payload", "parent_run_id",
+             "finished_at")
+    return dict(zip(names, rows[0]))
+
+
+async def _failures(url: str, msg_id: str) -> list[tuple]:
+    return await fetch(url, "SELECT attempt, code, message, at FROM oke_failures WHERE message_id = $1 "
+                            "ORDER BY id", msg_id)
+
+
+# --------------------------------------------------------------------------- retries and dead letters
+
+@pytest.mark.parametrize("retries", [0, 2])
+async def test_exhausted_message_is_dead_after_retries_plus_one_calls(db_url, retries):
+    jobs = signal.once("jobs", retries=retries)
+    calls: list[int] = []
+
+    @on(jobs)
+    @flow("workers.jobs")
+    async def handler(payload, fx):
+        calls.append(fx.attempt)
+        raise PaymentDeclined(f"card declined on attempt {fx.attempt}")
+
+    t0 = now_ms()
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs, {"n": 1}, key="usr_1")
+        await app.drain()
+    t1 = now_ms()
+
+    assert calls == list(range(1, retries + 2))
+    row = await _row(db_url, msg_id)
+    assert row["status"] == "dead"
+    assert row["attempts"] == retries + 1
+    assert row["locked_by"] is None and row["lease_expires_at"] is None
+    failures = await _failures(db_url, msg_id)
+    assert [(a, c, m) for a, c, m, _ in failures] == [
+        (n, "E_DECLINED", f"card declined on attempt {n}") for n in range(1, retries + 2)]
+    assert all(t0 <= at <= t1 for *_, at in failures)
+    assert [at for *_, at in failures] == sorted(at for *_, at in failures)
+
+
+@pytest.mark.parametrize("exc, code", [
+    (PaymentDeclined("no"), "E_DECLINED"),
+    (IntCoded("no"), "IntCoded"),          # a code that is not a string is ignored
+    (ZeroDivisionError("no"), "ZeroDivisionError"),
+    (KeyError("no"), "KeyError"),
+])
+async def test_failure_code_is_the_string_code_attribute_else_the_class_name(db_url, exc, code):
+    jobs = signal.once("jobs", retries=0)
+
+    @on(jobs)
+    @flow("workers.jobs")
+    async def handler(payload, fx):
+        raise exc
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await app.drain()
+    [(attempt, got_code, message, _at)] = await _failures(db_url, msg_id)
+    assert (attempt, got_code, message) == (1, code, str(exc))
+
+
+async def test_dead_letter_false_ends_delivered_with_its_failures_kept(db_url):
+    jobs = signal.once("jobs", retries=1, dead_letter=False)
+    calls = []
+
+    @on(jobs)
+    @flow("workers.jobs")
+    def handler(payload, fx):
+        calls.append(fx.attempt)
+        raise RuntimeError("always")
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs, [1, 2, 3])
+        await app.drain()
+    assert calls == [1, 2]
+    row = await _row(db_url, msg_id)
+    assert (row["status"], row["attempts"]) == ("delivered", 2)
+    assert row["finished_at"] is not None
+    assert [(a, c) for a, c, *_ in await _failures(db_url, msg_id)] == [(1, "RuntimeError"), (2, "RuntimeError")]
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'dead'") == 0
+
+
+async def test_a_retry_that_succeeds_is_delivered_with_its_history(db_url):
+    jobs = signal.once("jobs", retries=3)
+
+    @on(jobs)
+    @flow("workers.jobs")
+    async def handler(payload, fx):
+        if fx.attempt == 1:
+            raise ValueError("flaky")
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs, {"a": 1})
+        await app.drain()
+    row = await _row(db_url, msg_id)
+    assert (row["status"], row["attempts"]) == ("delivered", 2)
+    assert [(a, c, m) for a, c, m, _ in await _failures(db_url, msg_id)] == [(1, "ValueError", "flaky")]
+    runs = await fetch(db_url, "SELECT attempt, status, flow, signal, error FROM oke_runs "
+                               "WHERE message_id = $1 ORDER BY attempt", msg_id)
+    assert runs == [(1, "failed", "workers.jobs", "jobs", "ValueError: flaky"),
+                    (2, "succeeded", "workers.jobs", "jobs", None)]
+
+
+async def test_failed_attempt_is_pending_again_at_once(db_url):
+    """After a failure the message is `pending`, unleased, and the very next claim takes it."""
+    jobs = signal.once("jobs", retries=3)
+    on(jobs, flow("workers.jobs", do=lambda p, fx: None))
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs, {"a": 1})
+        [claimed] = await app.store.claim(["jobs"], "w1", 60_000, 10)
+        assert (claimed.id, claimed.attempts) == (msg_id, 1)
+        row = await _row(db_url, msg_id)
+        assert (row["status"], row["locked_by"], row["attempts"]) == ("inflight", "w1", 1)
+
+        held = await app.store.settle("w1", [Outcome(claimed, "run_x", "workers.jobs", False, now_ms(),
+                                                      now_ms(), "Boom", "boom")])
+        assert held == [True]
+        row = await _row(db_url, msg_id)
+        assert (row["status"], row["locked_by"], row["lease_expires_at"], row["attempts"]) == \
+            ("pending", None, None, 1)
+        [again] = await app.store.claim(["jobs"], "w2", 60_000, 10)  # no back-off
+        assert (again.id, again.attempts) == (msg_id, 2)
+
+
+async def test_claim_leases_and_counts_the_attempt_before_the_handler_runs(db_url):
+    jobs = signal.once("jobs")
+    seen = {}
+
+    @on(jobs)
+    @flow("workers.jobs")
+    async def handler(payload, fx):
+        seen["start"] = now_ms()
+        seen["row"] = await _row(db_url, fx.message_id)
+        seen["attempt"] = fx.attempt
+
+    async with oke("t", database_url=db_url, lease_ms=45_000, worker_id="box-1:pid-7") as app:
+        msg_id = await app.emit(jobs, {"a": 1})
+        before = now_ms()
+        await app.drain()
+    row = seen["row"]
+    assert row["status"] == "inflight"
+    assert row["locked_by"] == "box-1:pid-7"
+    assert row["attempts"] == seen["attempt"] == 1
+    assert before + 45_000 <= row["lease_expires_at"] <= seen["start"] + 45_000
+    final = await _row(db_url, msg_id)
+    assert (final["status"], final["attempts"]) == ("delivered", 1)
+
+
+# --------------------------------------------------------------------------- emit checks
+
+async def test_emit_without_a_subscriber_is_oke1240_and_stores_nothing(db_url):
+    lonely = signal.once("lonely")
+    async with oke("shop", database_url=db_url) as app:
+        with pytest.raises(OkeError) as err:
+            await app.emit(lonely, {"a": 1})
+        assert err.value.code == 1240
+        assert str(err.value).startswith('OKE1240: Flow "shop" emits signal "lonely" with no subscriber.')
+    assert (await table_counts(db_url))["oke_messages"] == 0
+
+
+async def test_optional_signal_may_be_emitted_without_a_subscriber(db_url):
+    maybe = signal.once("maybe", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        msg_id = await app.emit(maybe, {"a": 1}, key="k")
+        await app.drain()  # no worker for it: it waits
+    row = await _row(db_url, msg_id)
+    assert (row["status"], row["attempts"], row["key"], json.loads(row["payload"])) == \
+        ("pending", 0, "k", {"a": 1})
+
+
+@pytest.mark.parametrize("schema, bad, detail", [
+    (Email, {"to": "not-an-email", "body": "x"}, "to: value is not a valid email address"),
+    (Email, {"to": "a@b.co"}, "body: Field required"),
+    (TypeAdapter(list[int]), ["x"], "0: Input should be a valid integer"),
+    (lambda v: v if isinstance(v, dict) else (_ for _ in ()).throw(ValueError("want a dict")), [1],
+     "ValueError: want a dict"),
+])
+async def test_schema_failure_is_oke1250_and_stores_nothing(db_url, schema, bad, detail):
+    jobs = signal.once("tasks.email", schema=schema)
+    on(jobs, flow("workers.email", do=lambda p, fx: None))
+    async with oke("shop", database_url=db_url) as app:
+        with pytest.raises(OkeError) as err:
+            await app.emit(jobs, bad)
+    assert err.value.code == 1250
+    assert str(err.value).startswith('OKE1250: "tasks.email": ')
+    assert detail in str(err.value)
+    assert (await table_counts(db_url))["oke_messages"] == 0
+
+
+async def test_handler_gets_a_model_for_a_pydantic_schema_else_decoded_json(db_url):
+    email = signal.once("tasks.email", schema=Email)
+    numbers = signal.once("numbers", schema=TypeAdapter(list[int]))
+    plain = signal.once("plain")
+    got: dict[str, object] = {}
+    on(email, flow("w.email", do=lambda p, fx: got.__setitem__("email", p)))
+    on(numbers, flow("w.numbers", do=lambda p, fx: got.__setitem__("numbers", p)))
+    on(plain, flow("w.plain", do=lambda p, fx: got.setdefault("plain", []).append(p)))
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(email, Email(to="a@b.co", body="hi"))
+        await app.emit(numbers, ["1", 2])        # the adapter coerces; the JSON is stored
+        await app.emit(plain, {"nested": [1, {"x": None}], "s": "é\u0000"})
+        await app.drain()
+        await app.emit(plain.name)               # by name, no payload
+        await app.drain()
+    assert isinstance(got["email"], Email) and got["email"] == Email(to="a@b.co", body="hi")
+    assert got["numbers"] == [1, 2]
+    assert got["plain"] == [{"nested": [1, {"x": None}], "s": "é\u0000"}, None]
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 4
+
+
+async def test_payload_round_trips_byte_for_byte(db_url):
+    jobs = signal.once("jobs")
+    got = []
+    on(jobs, flow("w", do=lambda p, fx: got.append(p)))
+    payload = {"nul": "a\u0000b", "emoji": "🦀", "big": 2**62, "neg": -1.5, "list": [True, False, None],
+               "quote": "\"'\\", "nl": "\n\r\t"}
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs, payload)
+        await app.drain()
+    assert got == [payload]
+    assert json.loads((await _row(db_url, msg_id))["payload"]) == payload
+
+
+# --------------------------------------------------------------------------- handlers
+
+async def test_sync_handlers_run_in_a_thread_and_do_not_block_the_loop(db_url):
+    jobs = signal.once("jobs")
+    release = threading.Event()
+    started = threading.Event()
+    seen = {}
+
+    def handler(payload, fx):
+        seen["thread"] = threading.current_thread()
+        started.set()
+        seen["released"] = release.wait(20)  # only the event loop can set it
+
+    on(jobs, flow("w", do=handler))
+
+    async def releaser():
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        release.set()
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await asyncio.gather(app.drain(), releaser())
+    assert seen["thread"] is not threading.main_thread()
+    assert seen["released"] is True
+    assert (await _row(db_url, msg_id))["status"] == "delivered"
+
+
+async def test_sync_handler_exception_is_a_failure(db_url):
+    jobs = signal.once("jobs", retries=0)
+
+    def handler(payload, fx):
+        raise PaymentDeclined("sync no")
+
+    on(jobs, flow("w", do=handler))
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await app.drain()
+    assert (await _row(db_url, msg_id))["status"] == "dead"
+    assert [(c, m) for _, c, m, _ in await _failures(db_url, msg_id)] == [("E_DECLINED", "sync no")]
+
+
+async def test_status_path_is_pending_inflight_delivered_or_dead_only(db_url):
+    jobs = signal.once("jobs", retries=1)
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        if payload["fail"]:
+            raise RuntimeError("no")
+
+    async with oke("t", database_url=db_url) as app:
+        for i in range(20):
+            await app.emit(jobs, {"fail": i % 3 == 0}, key=f"k{i % 4}" if i % 2 else None)
+        await app.drain()
+    statuses = dict(await fetch(db_url, "SELECT status, count(*) FROM oke_messages GROUP BY status"))
+    assert statuses == {"delivered": 13, "dead": 7}
+    run_statuses = {s for (s,) in await fetch(db_url, "SELECT DISTINCT status FROM oke_runs")}
+    assert run_statuses == {"succeeded", "failed"}
+
+
+# --------------------------------------------------------------------------- per-key order
+
+async def test_a_failing_head_blocks_its_key_until_it_is_dead(db_url):
+    jobs = signal.once("jobs", retries=2)
+    order: list[tuple[str, int]] = []
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        order.append((payload["name"], fx.attempt))
+        await asyncio.sleep(0.005)
+        if payload["name"] == "first":
+            raise RuntimeError("head fails")
+
+    async with oke("t", database_url=db_url) as app:
+        for name in ("first", "second", "third"):
+            await app.emit(jobs, {"name": name}, key="same")
+        await app.drain(concurrency=8)
+    assert order == [("first", 1), ("first", 2), ("first", 3), ("second", 1), ("third", 1)]
+
+
+async def test_keys_are_fifo_and_never_two_in_flight_in_one_process(db_url):
+    jobs = signal.once("jobs", retries=3)
+    inflight: dict[str, int] = {}
+    overlap = []
+    handled: dict[str, list[int]] = {}
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        key = payload["key"]
+        inflight[key] = inflight.get(key, 0) + 1
+        if inflight[key] > 1:
+            overlap.append(key)
+        try:
+            await asyncio.sleep(0.001 * (payload["n"] % 3))
+            if payload["n"] % 7 == 0 and fx.attempt == 1:
+                raise RuntimeError("retry me")  # a retried head must still come first
+            handled.setdefault(key, []).append(payload["n"])
+        finally:
+            inflight[key] -= 1
+
+    keys = [f"key-{i}" for i in range(6)]
+    async with oke("t", database_url=db_url) as app:
+        for n in range(120):
+            await app.emit(jobs, {"key": keys[n % 6], "n": n}, key=keys[n % 6])
+        await app.drain(concurrency=8)
+    assert overlap == []
+    for i, key in enumerate(keys):
+        assert handled[key] == list(range(i, 120, 6))
+
+
+async def test_different_keys_and_unkeyed_messages_run_in_parallel(db_url):
+    """Three messages each wait for the other two to have started: only parallel runs finish."""
+    jobs = signal.once("jobs", retries=0)
+    arrived: list[str] = []
+    everyone = asyncio.Event()
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        arrived.append(payload)
+        if len(arrived) == 3:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 20)
+
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs, "a", key="a")
+        await app.emit(jobs, "b", key="b")
+        await app.emit(jobs, "none")
+        await app.drain(concurrency=4)
+    assert sorted(arrived) == ["a", "b", "none"]
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 3
+
+
+async def test_same_key_on_different_signals_does_not_block(db_url):
+    one = signal.once("one", retries=0)
+    two = signal.once("two", retries=0)
+    both = asyncio.Event()
+    seen = []
+
+    async def handler(payload, fx):
+        seen.append(fx.signal)
+        if len(seen) == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), 20)
+
+    on(one, flow("w.one", do=handler))
+    on(two, flow("w.two", do=handler))
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(one, key="usr_1")
+        await app.emit(two, key="usr_1")
+        await app.drain()
+    assert sorted(seen) == ["one", "two"]
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 2
+
+
+async def test_drain_returns_when_nothing_is_eligible(db_url):
+    jobs = signal.once("jobs")
+    count = 0
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        nonlocal count
+        count += 1
+        if payload < 3:
+            await fx.emit(jobs, payload + 1)  # children emitted while draining are drained too
+
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs, 0)
+        await app.drain()
+    assert count == 4
