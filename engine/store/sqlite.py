@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
-from .base import Claimed, NewMessage, Outcome, Store, Waker, ensure_schema, wake_local
+from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
 
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
@@ -172,9 +173,11 @@ class SqliteStore(Store):
         try:
             Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             await self.write(ensure_schema)
-        except (OSError, sqlite3.Error) as err:
+        except (OSError, sqlite3.Error, DBAPIError) as err:
             await self.close()
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {err}") from err
+            # SQLAlchemy wraps sqlite3's error (and adds a multi-line hint): report the driver's own line.
+            reason = err.orig if isinstance(err, DBAPIError) else err
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {reason}") from err
 
     async def close(self) -> None:
         await self._writer.close()
@@ -193,6 +196,7 @@ class SqliteStore(Store):
         return await self._writer.call(run)
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+        check_keys(rows)
         params = [(r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries, int(r.dead_letter),
                    r.created_at, r.created_at, r.parent_run_id) for r in rows]
         await self._writer.call(lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(_INSERT, params)))
