@@ -65,6 +65,22 @@ class Outcome:
     message: str | None = None
 
 
+def check_keys(rows: Sequence[NewMessage]) -> None:
+    """Refuse keys no backend can store alike: NUL (PostgreSQL text cannot hold it) and lone
+    surrogates (not UTF-8). Checked before any write, so a bad key stores nothing on either backend."""
+    for row in rows:
+        key = row.key
+        if key is None:
+            continue
+        if "\x00" in key:
+            raise ValueError(f'emit("{row.signal}", key=...): a key may not contain NUL characters')
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f'emit("{row.signal}", key=...): a key must be valid Unicode text '
+                             f"({err.reason})") from None
+
+
 def queue_name(signal: str, flow: str | None, kind: str) -> str:
     """Once messages queue by signal; each broadcast copy queues by signal and flow."""
     return signal if kind == "once" else f"{signal}\x1f{flow}"

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
-from .base import Claimed, NewMessage, Outcome, Store, Waker, ensure_schema, wake_local
+from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.postgres")
@@ -167,6 +167,7 @@ class PostgresStore(Store):
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
         assert self.pool is not None, "store is not open"
+        check_keys(rows)
         cols = ([r.id for r in rows], [r.signal for r in rows], [r.queue for r in rows],
                 [r.flow for r in rows], [r.key for r in rows], [r.payload for r in rows],
                 [r.retries for r in rows], [r.dead_letter for r in rows], [r.created_at for r in rows],
