@@ -1,0 +1,123 @@
+"""The Textual console: signals overview, messages, a message's story, traces, dead letters, tails.
+
+`ConsoleApp(database_url=None, read_only=False)` reads and writes the store only
+through `engine.ops` (via `okconsole.data.StoreAdapter`).
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from .data import StoreAdapter
+from .screens.audit import AuditScreen
+from .screens.detail import DetailScreen
+from .screens.dlq import DeadLettersScreen
+from .screens.messages import MessagesScreen
+from .screens.modals import HelpScreen, PromptScreen
+from .screens.overview import OverviewScreen
+from .screens.tail import TailScreen
+from .screens.trace import TraceScreen
+
+JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · signals"
+
+
+class ConsoleApp(App[None]):
+    CSS_PATH = "console.tcss"
+    TITLE = "okconsole"
+    BINDINGS = [Binding("question_mark", "help", "Help"), Binding("f1", "help", "Help", show=False),
+                Binding("colon", "jump", "Jump"), Binding("q", "quit", "Quit")]
+
+    def __init__(self, database_url: str | None = None, read_only: bool = False, *, refresh_s: float = 1.0,
+                 tail_url: str | None = None, tail_token: str | None = None) -> None:
+        super().__init__()
+        self.data = StoreAdapter(database_url)
+        self.read_only = read_only
+        self.refresh_s = refresh_s
+        self.tail_url = tail_url
+        self.tail_token = tail_token
+        self.store_ok: bool | None = None
+
+    def on_mount(self) -> None:
+        self.sub_title = self.data.url + (" · read-only" if self.read_only else "")
+        self.push_screen(OverviewScreen())
+
+    async def on_unmount(self) -> None:
+        await self.data.close()
+
+    # -- navigation ------------------------------------------------------------------------
+    def open_messages(self, signal: str, status: str | None = None) -> None:
+        self.push_screen(MessagesScreen(signal, status))
+
+    def open_detail(self, message_id: str) -> None:
+        self.push_screen(DetailScreen(message_id))
+
+    def open_trace(self, run_id: str) -> None:
+        self.push_screen(TraceScreen(run_id))
+
+    def open_dlq(self, signal: str) -> None:
+        self.push_screen(DeadLettersScreen(signal))
+
+    def open_tail(self, signal: str) -> None:
+        self.push_screen(TailScreen(signal, self.tail_url, self.tail_token))
+
+    def open_audit(self) -> None:
+        self.push_screen(AuditScreen())
+
+    def open_signals(self) -> None:
+        while len(self.screen_stack) > 2:
+            self.pop_screen()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_jump(self) -> None:
+        self.push_screen(PromptScreen(f"Jump to: {JUMPS}", "dlq tasks.email"), self.jump)
+
+    def jump(self, text: str | None) -> None:
+        """Follow a ':' command such as `dlq tasks.email` or `tail order-status`."""
+        if not text:
+            return
+        try:
+            words = shlex.split(text.lstrip(":"))
+        except ValueError as err:
+            self.notify(f"cannot read {text!r}: {err}", severity="error")
+            return
+        if not words:
+            return
+        verb, args = words[0].lower(), words[1:]
+        one = {"dlq": self.open_dlq, "tail": self.open_tail, "trace": self.open_trace, "show": self.open_detail,
+               "failures": self.open_dlq}
+        if verb in one and len(args) == 1:
+            one[verb](args[0])
+        elif verb in ("messages", "msgs", "m") and 1 <= len(args) <= 2:
+            status = args[1] if len(args) == 2 else None
+            if status not in (None, "pending", "inflight", "delivered", "dead"):
+                self.notify(f"unknown status {status!r}", severity="error")
+                return
+            self.open_messages(args[0], status)
+        elif verb == "audit" and not args:
+            self.open_audit()
+        elif verb in ("signals", "overview", "home") and not args:
+            self.open_signals()
+        else:
+            self.notify(f"unknown jump {text!r}; try: {JUMPS}", severity="error")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Signals overview", "Back to the list of signals", self.open_signals)
+        yield SystemCommand("Jump…", f"Go to: {JUMPS}", self.action_jump)
+        yield SystemCommand("Audit log", "Every replay and purge, who and why", self.open_audit)
+        yield SystemCommand("Help", "Keys and commands", self.action_help)
+        for binding in screen.BINDINGS:
+            if isinstance(binding, Binding) and binding.description:
+                action = binding.action
+
+                def run(action: str = action) -> None:
+                    self.call_later(screen.run_action, action)
+
+                yield SystemCommand(binding.description, f"{screen.TITLE_TEXT or 'this screen'}: "
+                                    f"key {binding.key}", run)

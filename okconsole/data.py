@@ -1,0 +1,82 @@
+"""The console's adapter to the store: engine.ops calls, reconnects, and a clear 'store down' state.
+
+No Textual here: screens call these coroutines from workers and render what comes back.
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Awaitable, Callable, TypeVar
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from engine.errors import StoreUnavailable
+from engine.store import Store, make_store, resolve_url
+
+T = TypeVar("T")
+
+
+class StoreDown(RuntimeError):
+    """The store cannot be reached right now; the message is one line for the status bar."""
+
+
+def _is_outage(err: BaseException) -> bool:
+    import asyncpg
+
+    outage = (StoreUnavailable, OSError, ConnectionError, sqlite3.OperationalError, OperationalError,
+              InterfaceError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+              asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError)
+    if isinstance(err, DBAPIError) and err.connection_invalidated:
+        return True
+    return isinstance(err, outage)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:200]
+
+
+class StoreAdapter:
+    """Opens the store lazily, reopens it after an outage, and reports outages as StoreDown."""
+
+    def __init__(self, database_url: str | None = None) -> None:
+        self.url = resolve_url(database_url)
+        self.store: Store | None = None
+        self.last_error: str | None = None
+
+    async def _ensure(self) -> Store:
+        if self.store is None:
+            store = make_store(self.url)
+            try:
+                await store.open()
+            except Exception as err:
+                if _is_outage(err):
+                    self.last_error = _one_line(err)
+                    raise StoreDown(self.last_error) from err
+                raise
+            self.store = store
+        return self.store
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """`await fn(store, *args, **kwargs)`, turning an outage into StoreDown."""
+        store = await self._ensure()
+        try:
+            result = await fn(store, *args, **kwargs)
+        except Exception as err:
+            if _is_outage(err):
+                self.last_error = _one_line(err)
+                await self._drop()
+                raise StoreDown(self.last_error) from err
+            raise
+        self.last_error = None
+        return result
+
+    async def _drop(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                await store.close()
+            except Exception:
+                pass
+
+    async def close(self) -> None:
+        await self._drop()

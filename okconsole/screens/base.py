@@ -1,0 +1,147 @@
+"""What every console screen shares: the store status line, periodic refresh, back, filter."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static
+
+from ..data import StoreDown
+
+if TYPE_CHECKING:
+    from ..app import ConsoleApp
+
+
+def text_filter(query: str) -> Any:
+    """A predicate over row text for '/' filters: substring, case-insensitive; '!' inverts."""
+    invert = query.startswith("!")
+    needle = (query[1:] if invert else query).strip().lower()
+
+    def keep(text: str) -> bool:
+        found = needle in text.lower()
+        return not found if invert else found
+
+    return keep
+
+
+class ConsoleScreen(Screen[None]):
+    """A screen that loads from the store on mount and every refresh tick."""
+
+    BINDINGS = [Binding("escape", "back", "Back"), Binding("r", "refresh", "Refresh"),
+                Binding("slash", "filter", "Filter")]
+    TITLE_TEXT = ""
+    filter_text = ""
+
+    @property
+    def console(self) -> "ConsoleApp":
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="status")
+        yield from self.body()
+        yield Input(placeholder="filter (prefix ! inverts) — enter applies, esc clears", id="filter")
+        yield Footer()
+
+    def body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.TITLE_TEXT
+        self.action_refresh()
+        self.set_interval(self.console.refresh_s, self.action_refresh)
+
+    def action_refresh(self) -> None:
+        if self._loading:  # a slow store: let the running load finish rather than pile up
+            self._reload = True
+            return
+        self._loading = True
+        self.run_worker(self._load, group="load", exit_on_error=False)
+
+    _loading = False
+    _reload = False
+
+    async def _load(self) -> None:
+        try:
+            await self._load_once()
+        finally:
+            self._loading = False
+        if self._reload:
+            self._reload = False
+            self.action_refresh()
+
+    async def _load_once(self) -> None:
+        status = self.query_one("#status", Static)
+        try:
+            await self.load()
+        except StoreDown as down:
+            status.set_class(True, "down")
+            status.update(f"[b]store unreachable[/b] ({self.console.data.url}): {down} — retrying")
+            self.console.store_ok = False
+            return
+        status.set_class(False, "down")
+        self.console.store_ok = True
+        status.update(self.status_text())
+
+    def status_text(self) -> str:
+        mode = " · [b]read-only[/b]" if self.console.read_only else ""
+        return f"store {self.console.data.url} · ok{mode}"
+
+    async def load(self) -> None:
+        """Fetch from the store and render; raise StoreDown when it is away."""
+
+    def action_back(self) -> None:
+        field = self.query_one("#filter", Input)
+        if field.has_class("shown"):
+            field.value = ""
+            field.set_class(False, "shown")
+            self.apply_filter("")
+            return
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+
+    def action_filter(self) -> None:
+        field = self.query_one("#filter", Input)
+        field.set_class(True, "shown")
+        field.value = self.filter_text
+        field.focus()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        event.input.set_class(bool(event.value), "shown")
+        self.apply_filter(event.value)
+        self.focus_main()
+
+    def apply_filter(self, text: str) -> None:
+        self.filter_text = text
+        self.action_refresh()
+
+    def focus_main(self) -> None:
+        """Give the keyboard back to the screen's main widget."""
+
+    def refuse_write(self) -> bool:
+        """True (and a notice) when the console is read-only."""
+        if self.console.read_only:
+            self.notify("read-only mode: writes are disabled", severity="warning")
+            return True
+        return False
+
+    @work(group="write", exit_on_error=False)
+    async def run_write(self, label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a store write through engine.ops and report the outcome."""
+        try:
+            result = await self.console.data.call(fn, *args, **kwargs)
+        except StoreDown as down:
+            self.notify(f"{label} failed: store unreachable ({down})", severity="error")
+            return None
+        except (LookupError, ValueError, TypeError) as err:
+            self.notify(f"{label} failed: {err}", severity="error")
+            return None
+        except Exception as err:  # an OKE code or another refusal from the engine
+            self.notify(f"{label} failed: {err}", severity="error")
+            return None
+        self.action_refresh()
+        return result

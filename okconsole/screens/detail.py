@@ -1,0 +1,137 @@
+"""One message: highlighted payload, every failure newest first, lease, blocking head, trace."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.syntax import Syntax
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Static, Tree
+
+from engine import ops
+
+from .. import fmt
+from .base import ConsoleScreen
+from .modals import ConfirmScreen, EditPayloadScreen
+from .trace_tree import fill_tree
+
+
+class DetailScreen(ConsoleScreen):
+    BINDINGS = [Binding("t", "trace", "Trace"), Binding("R", "replay", "Replay"),
+                Binding("e", "edit", "Edit & replay")]
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__()
+        self.message_id = message_id
+        self.detail: Any = None
+        self.rendered: Any = None
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="title")
+        with Horizontal(id="detail-body"):
+            with VerticalScroll(id="payload"):
+                yield Static("", id="payload-text")
+            with Vertical(id="side"):
+                yield Static("", id="lease")
+                yield Static("Failures (newest first)", classes="pane-title")
+                failures: DataTable[Any] = DataTable(id="failures", cursor_type="row")
+                for key in ("attempt", "code", "message", "at"):
+                    failures.add_column(key.capitalize(), key=key)
+                yield failures
+                yield Static("Trace", classes="pane-title")
+                yield Tree("runs", id="trace")
+
+    def on_mount(self) -> None:
+        self.TITLE_TEXT = f"message · {self.message_id}"
+        super().on_mount()
+
+    async def load(self) -> None:
+        try:
+            detail = await self.console.data.call(ops.show, self.message_id)
+        except LookupError as err:
+            self.query_one("#title", Static).update(f"[b red]{err}[/]")
+            return
+        self.detail = detail
+        if detail != self.rendered:
+            self.render_detail(detail)
+            self.rendered = detail
+
+    def render_detail(self, d: Any) -> None:
+        self.query_one("#title", Static).update(
+            f"[b]{d.id}[/b] · {d.signal} · [b]{d.status}[/b] · attempts {d.attempts}/{d.retries + 1}"
+            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}")
+        self.query_one("#payload-text", Static).update(
+            Syntax(json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True,
+                   background_color="default"))
+        lease = d.lease
+        lines = [f"flow {d.flow or '—'} · parent run {d.parent_run_id or '—'}"]
+        if d.status == "inflight":
+            left = (lease.lease_expires_at or 0) - fmt.now_ms()
+            state = "[b yellow]reclaimable now[/]" if lease.reclaimable else f"{fmt.span(left)} left"
+            lines.append(f"lease: held by {lease.locked_by} · {state}")
+        else:
+            lines.append("lease: none")
+        if d.blocked_by is not None:
+            b = d.blocked_by
+            lines.append(f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — "
+                         f"the head of key {d.key!r}")
+        self.query_one("#lease", Static).update("\n".join(lines))
+        table = self.query_one("#failures", DataTable)
+        table.clear()
+        for i, f in enumerate(reversed(d.failures)):
+            code = f"[b cyan]{f.code}[/]" if f.code == "replayed" else f"[b red]{f.code}[/]"
+            table.add_row(str(f.attempt), code, f.message, fmt.clock(f.at), key=str(i))
+        tree = self.query_one("#trace", Tree)
+        fill_tree(tree, d.trace, highlight=d.id)
+
+    def _trace_root_run(self) -> str | None:
+        d = self.detail
+        if d is None:
+            return None
+        if d.parent_run_id:
+            return d.parent_run_id
+        return d.runs[0].run_id if d.runs else None
+
+    def action_trace(self) -> None:
+        run = self._trace_root_run()
+        if run is None:
+            self.notify("this message has no runs yet and was not emitted by a run")
+            return
+        self.console.open_trace(run)
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        data = event.node.data
+        if isinstance(data, dict) and data.get("message") and data["message"] != self.message_id:
+            self.console.open_detail(data["message"])
+
+    def action_replay(self) -> None:
+        d = self.detail
+        if d is None or self.refuse_write():
+            return
+        if d.status != "dead":
+            self.notify(f"only dead letters can be replayed; this one is {d.status}", severity="warning")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.run_write("replay", ops.replay, d.signal, [d.id], reason="replayed from the console")
+
+        self.app.push_screen(ConfirmScreen(f"Replay 1 dead letter of {d.signal} ({d.id})?", "Replay 1"),
+                             confirmed)
+
+    def action_edit(self) -> None:
+        d = self.detail
+        if d is None or self.refuse_write():
+            return
+        if d.status != "dead":
+            self.notify(f"only dead letters can be replayed; this one is {d.status}", severity="warning")
+            return
+
+        def edited(result: Any) -> None:
+            if result is not None:
+                self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"],
+                               reason="replayed from the console with an edited payload")
+
+        self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)

@@ -1,0 +1,194 @@
+"""Dead letters of a signal: failure groups, tagging, replay (tagged / all / edited), purge."""
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from engine import ops
+
+from .. import fmt
+from ..widgets.tables import sync_rows
+from .base import ConsoleScreen, text_filter
+from .modals import ConfirmScreen, EditPayloadScreen
+
+LIMIT = 500
+
+
+class DeadLettersScreen(ConsoleScreen):
+    BINDINGS = [Binding("space", "tag", "Tag"), Binding("R", "replay", "Replay tagged"),
+                Binding("A", "replay_all", "Replay all matching"), Binding("e", "edit", "Edit & replay"),
+                Binding("P", "purge", "Purge dead"), Binding("tab", "focus_next", "Switch pane", show=False)]
+
+    def __init__(self, signal: str) -> None:
+        super().__init__()
+        self.signal = signal
+        self.letters: list[Any] = []
+        self.tagged: set[str] = set()
+        self.shown: list[str] = []
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="title")
+        yield Static("Failures by code and message (enter filters by a group)", classes="pane-title")
+        groups: DataTable[Any] = DataTable(id="groups", cursor_type="row")
+        for key in ("count", "code", "message", "last"):
+            groups.add_column(key.capitalize(), key=key)
+        yield groups
+        yield Static("Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
+                     classes="pane-title")
+        table: DataTable[Any] = DataTable(id="letters", cursor_type="row", zebra_stripes=True)
+        for key, label in (("tag", " "), ("id", "Id"), ("key", "Key"), ("attempts", "Att."),
+                           ("code", "Last code"), ("message", "Last message"), ("created", "Created")):
+            table.add_column(label, key=key)
+        yield table
+
+    def on_mount(self) -> None:
+        self.TITLE_TEXT = f"dead letters · {self.signal}"
+        super().on_mount()
+        self.query_one("#letters", DataTable).focus()
+
+    def focus_main(self) -> None:
+        self.query_one("#letters", DataTable).focus()
+
+    async def load(self) -> None:
+        groups = await self.console.data.call(ops.failures, self.signal)
+        letters = await self.console.data.call(ops.dead_letters, self.signal, LIMIT)
+        self.letters = letters
+        table = self.query_one("#groups", DataTable)
+        rows = [(f"{g.code}\x00{g.message}", [str(g.count), f"[b red]{g.code}[/]", fmt.short(g.message, 80),
+                                                fmt.ago(g.last_at)]) for g in groups]
+        sync_rows(table, rows, ("count", "code", "message", "last"))
+        self.render_letters()
+
+    def render_letters(self) -> None:
+        keep = text_filter(self.filter_text) if self.filter_text else None
+        rows = []
+        for d in self.letters:
+            last = next((f for f in reversed(d.failures) if f.code != "replayed"), None)
+            code = last.code if last else "—"
+            message = last.message if last else ""
+            if keep is not None and not keep(f"{d.id} {d.key or ''} {code} {message}"):
+                continue
+            rows.append((d.id, ["●" if d.id in self.tagged else " ", d.id, d.key or "—", str(d.attempts),
+                                code, fmt.short(message, 60), fmt.ago(d.created_at)]))
+        self.shown = [key for key, _ in rows]
+        sync_rows(self.query_one("#letters", DataTable), rows,
+              ("tag", "id", "key", "attempts", "code", "message", "created"))
+        more = f" (showing the newest {LIMIT})" if len(self.letters) >= LIMIT else ""
+        filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
+        ro = " · [b]read-only[/b]" if self.console.read_only else ""
+        self.query_one("#title", Static).update(
+            f"[b]{self.signal}[/b] · {len(self.letters)} dead{more} · {len(self.tagged)} tagged{filt}{ro}")
+
+    def apply_filter(self, text: str) -> None:
+        self.filter_text = text
+        self.render_letters()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "groups" and event.row_key.value:
+            code, _, message = event.row_key.value.partition("\x00")
+            self.apply_filter(code)
+            self.focus_main()
+        elif event.data_table.id == "letters" and event.row_key.value:
+            self.console.open_detail(event.row_key.value)
+
+    def _cursor_id(self) -> str | None:
+        table = self.query_one("#letters", DataTable)
+        if table.row_count == 0:
+            return None
+        key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return key.value
+
+    def action_tag(self) -> None:
+        current = self._cursor_id()
+        if current is None:
+            return
+        self.tagged ^= {current}
+        self.render_letters()
+        table = self.query_one("#letters", DataTable)
+        if table.cursor_row + 1 < table.row_count:
+            table.move_cursor(row=table.cursor_row + 1)
+
+    def _after_replay(self, result: Any) -> None:
+        if result is not None:
+            self.notify(f"replayed {result.replayed} dead letter(s) of {self.signal}")
+            self.tagged -= set(result.ids)
+
+    def action_replay(self) -> None:
+        if self.refuse_write():
+            return
+        ids = [i for i in self.shown if i in self.tagged] or ([self._cursor_id()] if self._cursor_id() else [])
+        if not ids:
+            return
+        noun = "dead letter" if len(ids) == 1 else "dead letters"
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                worker = self.run_write("replay", ops.replay, self.signal, ids, reason="replayed from the console")
+                self._watch(worker)
+
+        self.app.push_screen(ConfirmScreen(f"Replay {len(ids)} {noun} of {self.signal}?",
+                                           f"Replay {len(ids)}"), confirmed)
+
+    def action_replay_all(self) -> None:
+        if self.refuse_write():
+            return
+        if self.filter_text:
+            ids = list(self.shown)
+            question = f"Replay all {len(ids)} dead letters of {self.signal} matching {self.filter_text!r}?"
+        else:
+            ids = []
+            question = f"Replay ALL {len(self.letters)}{'+' if len(self.letters) >= LIMIT else ''} " \
+                       f"dead letters of {self.signal}?"
+        if self.filter_text and not ids:
+            self.notify("no dead letter matches the filter")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if not yes:
+                return
+            if ids:
+                worker = self.run_write("replay", ops.replay, self.signal, ids, reason="replayed from the console")
+            else:
+                worker = self.run_write("replay", ops.replay, self.signal, all=True,
+                                        reason="replayed all from the console")
+            self._watch(worker)
+
+        self.app.push_screen(ConfirmScreen(question, "Replay"), confirmed)
+
+    def action_edit(self) -> None:
+        if self.refuse_write():
+            return
+        current = self._cursor_id()
+        letter = next((d for d in self.letters if d.id == current), None)
+        if letter is None:
+            return
+
+        def edited(result: Any) -> None:
+            if result is not None:
+                worker = self.run_write("replay", ops.replay, self.signal, [letter.id], payload=result["payload"],
+                                        reason="replayed from the console with an edited payload")
+                self._watch(worker)
+
+        self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)
+
+    def action_purge(self) -> None:
+        if self.refuse_write():
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.run_write("purge", ops.purge, self.signal, "dead", reason="purged from the console")
+
+        self.app.push_screen(ConfirmScreen(f"Delete all {len(self.letters)}"
+                                           f"{'+' if len(self.letters) >= LIMIT else ''} dead letters of "
+                                           f"{self.signal}? This cannot be undone.", "Purge"), confirmed)
+
+    def _watch(self, worker: Any) -> None:
+        async def report() -> None:
+            result = await worker.wait()
+            self._after_replay(result)
+        self.run_worker(report(), group="report", exit_on_error=False)
+

@@ -1,0 +1,134 @@
+"""Signals overview: counts per status, lag, throughput and a sparkline, updated in place."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from engine import ops
+from engine.ops import tapes
+
+from .. import fmt
+from ..widgets.tables import sync_rows
+from .base import ConsoleScreen, text_filter
+
+COLUMNS = [("signal", "Signal"), ("kind", "Kind"), ("pending", "Pending"), ("inflight", "Inflight"),
+           ("delivered", "Delivered"), ("dead", "Dead"), ("lag", "Lag"), ("rate", "Done/s"),
+           ("activity", "Activity")]
+HISTORY = 32
+
+
+class OverviewScreen(ConsoleScreen):
+    TITLE_TEXT = "signals"
+    BINDINGS = [Binding("enter", "open", "Messages", show=False), Binding("d", "dlq", "Dead letters"),
+                Binding("f", "failures", "Failures"), Binding("t", "tail", "Tail"),
+                Binding("a", "audit", "Audit log")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.previous: dict[str, tuple[float, int]] = {}
+        self.history: dict[str, deque[float]] = {}
+        self.kinds: dict[str, str] = {}
+
+    def body(self) -> ComposeResult:
+        table: DataTable[Any] = DataTable(id="signals", cursor_type="row", zebra_stripes=True)
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        yield table
+        yield Static("", id="empty")
+
+    def focus_main(self) -> None:
+        self.query_one("#signals", DataTable).focus()
+
+    async def load(self) -> None:
+        stats = await self.console.data.call(ops.stats)
+        retained: dict[str, int] = {}
+        for row in stats:
+            if row.kind == "live":
+                info = await self.console.data.call(tapes.tape_info, row.signal)
+                retained[row.signal] = info.retained if info else 0
+        self.render_rows(stats, retained)
+
+    def render_rows(self, stats: list[Any], retained: dict[str, int]) -> None:
+        table = self.query_one("#signals", DataTable)
+        keep = text_filter(self.filter_text) if self.filter_text else None
+        now = time.monotonic()
+        wanted: dict[str, list[Any]] = {}
+        for row in stats:
+            self.kinds[row.signal] = row.kind
+            done = row.delivered + row.dead
+            if row.kind == "live":
+                done = retained.get(row.signal, 0)
+            before = self.previous.get(row.signal)
+            rate = 0.0
+            if before is not None and now > before[0]:
+                rate = max(0.0, (done - before[1]) / (now - before[0]))
+            self.previous[row.signal] = (now, done)
+            spark = self.history.setdefault(row.signal, deque(maxlen=HISTORY))
+            spark.append(rate)
+            if keep is not None and not keep(f"{row.signal} {row.kind}"):
+                continue
+            if row.kind == "live":
+                cells = [row.signal, "live", "—", "—", f"{retained.get(row.signal, 0)} kept", "—", "—",
+                         f"{rate:.1f}", fmt.sparkline(list(spark))]
+            else:
+                dead = f"[b red]{row.dead}[/]" if row.dead else "0"
+                lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
+                cells = [row.signal, row.kind, str(row.pending), str(row.inflight), str(row.delivered), dead,
+                         lag, f"{rate:.1f}", fmt.sparkline(list(spark))]
+            wanted[row.signal] = cells
+        sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
+        empty = self.query_one("#empty", Static)
+        if not stats:
+            empty.update("No signals in this store yet. Boot an app on it (or run `okconsole demo`) "
+                         "and they appear here.")
+        elif not wanted:
+            empty.update(f"No signal matches the filter {self.filter_text!r} (esc clears it).")
+        else:
+            empty.update("")
+
+    def selected_signal(self) -> str | None:
+        table = self.query_one("#signals", DataTable)
+        if table.row_count == 0:
+            return None
+        key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return key.value
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_open(self) -> None:
+        name = self.selected_signal()
+        if name is None:
+            return
+        if self.kinds.get(name) == "live":
+            self.console.open_tail(name)
+        else:
+            self.console.open_messages(name)
+
+    def action_dlq(self) -> None:
+        name = self.selected_signal()
+        if name is not None:
+            self.console.open_dlq(name)
+
+    def action_failures(self) -> None:
+        name = self.selected_signal()
+        if name is not None:
+            self.console.open_dlq(name)
+
+    def action_tail(self) -> None:
+        name = self.selected_signal()
+        if name is not None:
+            self.console.open_tail(name)
+
+    def action_audit(self) -> None:
+        self.console.open_audit()
+
+    def action_back(self) -> None:
+        field = self.query_one("#filter")
+        if field.has_class("shown"):
+            super().action_back()

@@ -1,0 +1,63 @@
+"""A run tree both ways: from the root run down to every child, emitted messages as leaves."""
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Static, Tree
+
+from engine import ops
+
+from .base import ConsoleScreen
+from .trace_tree import fill_tree
+
+
+class TraceScreen(ConsoleScreen):
+    BINDINGS = [Binding("m", "message", "Run's message")]
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.rendered: Any = None
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="title")
+        yield Tree("runs", id="trace")
+
+    def on_mount(self) -> None:
+        self.TITLE_TEXT = f"trace · {self.run_id}"
+        super().on_mount()
+
+    def focus_main(self) -> None:
+        self.query_one("#trace", Tree).focus()
+
+    async def load(self) -> None:
+        try:
+            root = await self.console.data.call(ops.trace, self.run_id)
+        except LookupError as err:
+            self.query_one("#title", Static).update(f"[b red]{err}[/]")
+            return
+        if root == self.rendered:
+            return
+        self.rendered = root
+        count = _count(root)
+        self.query_one("#title", Static).update(
+            f"run [b]{self.run_id}[/b] · root {root.run_id} ({root.flow or '?'}) · {count} runs · "
+            "enter opens a message, m the message a run handled")
+        fill_tree(self.query_one("#trace", Tree), [root])
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
+        data = event.node.data
+        if isinstance(data, dict) and data.get("message") and "run" not in data:
+            self.console.open_detail(data["message"])
+
+    def action_message(self) -> None:
+        node = self.query_one("#trace", Tree).cursor_node
+        data = node.data if node is not None else None
+        if isinstance(data, dict) and data.get("message"):
+            self.console.open_detail(data["message"])
+
+
+def _count(node: Any) -> int:
+    return 1 + sum(_count(c) for c in node.children)

@@ -1,0 +1,1 @@
+"""Small widgets and widget helpers shared by the screens."""
