@@ -76,15 +76,17 @@ class Selection:
         if self.older_than_ms is not None:
             # age of a dead letter: how long it has been dead (finished_at is set when it died)
             conds.append(func.coalesce(m.c.finished_at, m.c.updated_at) <= now - self.older_than_ms)
-        if self.code is not None or self.match is not None:
-            last = (select(f.c.id).where(f.c.message_id == m.c.id, f.c.kind == "failure")
-                    .order_by(f.c.id.desc()).limit(1).scalar_subquery())
-            if self.code is not None:
-                conds.append(select(f.c.code).where(f.c.id == last).scalar_subquery() == self.code)
-            if self.match is not None:
-                conds.append(select(f.c.message).where(f.c.id == last).scalar_subquery()
-                             .ilike(f"%{_escape_like(self.match)}%", escape="\\"))
+        if self.code is not None:
+            conds.append(_last_failure(f.c.code) == self.code)
+        if self.match is not None:
+            conds.append(_last_failure(f.c.message).ilike(f"%{_escape_like(self.match)}%", escape="\\"))
         return conds
+
+
+def _last_failure(column: Any) -> Any:
+    """`column` of the message's latest failure row (replay markers skipped), correlated to m."""
+    return (select(column).where(f.c.message_id == m.c.id, f.c.kind == "failure")
+            .order_by(f.c.id.desc()).limit(1).correlate(m).scalar_subquery())
 
 
 def _escape_like(text_: str) -> str:
