@@ -1,0 +1,139 @@
+"""A worker process for the once concurrency tests.
+
+    python tests/workers/once_worker.py MODE --url URL --dir DIR --worker-id ID [--lease-ms N]
+                                        [--concurrency N] [--hold]
+
+It declares the signal and flow of MODE, boots `oke(...)` on URL, writes DIR/ready-<ID>, (with
+--hold waits for DIR/go,) and runs `app.run(concurrency=N)` until DIR/stop exists. Handlers record what they do as lines appended
+with O_APPEND (one os.write per line, so lines from several processes never interleave):
+
+    bulk    signal "bulk":   DIR/handled-<ID>   "<msg_id> <attempt> <ID>"
+    fifo    signal "fifo":   DIR/events (shared) "S|E|F <key> <n> <attempt> <ID> <epoch_ms>";
+            a handler fails its first attempt when n % 5 == 0
+    crash   signal "victim": DIR/events (shared) "start <msg_id> <attempt> <ID> <epoch_ms>";
+            attempt 1 then hangs (the test SIGKILLs the process), later attempts return
+    lease   signal "lease":  DIR/events (shared) "S|E <msg_id> <attempt> <ID> <epoch_ms> <locked_by>
+            <attempts> <lease_expires_at>" (the last three read from the row at handler start, "-" on E);
+            attempt 1 of a message whose n % 10 == 0 sleeps past the lease
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import flow, oke, on, signal  # noqa: E402
+from workers.db import fetch  # noqa: E402
+
+
+def appender(path: Path):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(*fields: object) -> None:
+        os.write(fd, (" ".join(str(f) for f in fields) + "\n").encode())
+
+    return write
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def declare(mode: str, out: Path, me: str, lease_ms: int, url: str) -> None:
+    if mode == "bulk":
+        log = appender(out / f"handled-{me}")
+        bulk = signal.once("bulk")
+
+        @on(bulk)
+        @flow("workers.bulk")
+        async def handle_bulk(payload, fx):
+            log(fx.message_id, fx.attempt, me)
+
+    elif mode == "fifo":
+        log = appender(out / "events")
+        fifo = signal.once("fifo", retries=3)
+
+        @on(fifo)
+        @flow("workers.fifo")
+        async def handle_fifo(payload, fx):
+            key, n = payload["key"], payload["n"]
+            log("S", key, n, fx.attempt, me, now_ms())
+            await asyncio.sleep(random.random() * 0.004)
+            if n % 5 == 0 and fx.attempt == 1:
+                log("F", key, n, fx.attempt, me, now_ms())
+                raise RuntimeError("first attempt fails")
+            log("E", key, n, fx.attempt, me, now_ms())
+
+    elif mode == "crash":
+        log = appender(out / "events")
+        victim = signal.once("victim", retries=3)
+
+        @on(victim)
+        @flow("workers.victim")
+        async def handle_victim(payload, fx):
+            log("start", fx.message_id, fx.attempt, me, now_ms())
+            if fx.attempt == 1:
+                await asyncio.sleep(3600)  # the test SIGKILLs us here
+
+    elif mode == "lease":
+        log = appender(out / "events")
+        leased = signal.once("lease", retries=3)
+
+        @on(leased)
+        @flow("workers.lease")
+        async def handle_lease(payload, fx):
+            started = now_ms()
+            # what the store says about this message while we hold it
+            [(holder, attempts, lease)] = await fetch(
+                url, "SELECT locked_by, attempts, lease_expires_at FROM oke_messages WHERE id = $1",
+                fx.message_id)
+            log("S", fx.message_id, fx.attempt, me, started, holder, attempts, lease)
+            if payload % 10 == 0 and fx.attempt == 1:
+                await asyncio.sleep(lease_ms / 1000 * 3)  # outlive the lease: it is reclaimed
+            else:
+                await asyncio.sleep(random.random() * 0.01)
+            log("E", fx.message_id, fx.attempt, me, now_ms(), "-", "-", "-")
+
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--lease-ms", type=int, default=30_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--hold", action="store_true", help="after boot, wait for DIR/go before running")
+    args = parser.parse_args()
+
+    declare(args.mode, args.dir, args.worker_id, args.lease_ms, args.url)
+    app = oke(f"worker-{args.mode}", database_url=args.url, lease_ms=args.lease_ms,
+              worker_id=args.worker_id)
+    stop_file = args.dir / "stop"
+
+    async def watch_stop() -> None:
+        while not stop_file.exists():
+            await asyncio.sleep(0.05)
+        await app.stop()
+
+    async with app:
+        (args.dir / f"ready-{args.worker_id}").write_text(str(os.getpid()))
+        while args.hold and not (args.dir / "go").exists():
+            await asyncio.sleep(0.01)
+        watcher = asyncio.create_task(watch_stop())
+        await app.run(concurrency=args.concurrency)
+        watcher.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
