@@ -7,7 +7,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Input, Static
 
 from ..data import StoreDown
 
@@ -40,7 +40,6 @@ class ConsoleScreen(Screen[None]):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
-        yield Header()
         yield Static("", id="status")
         yield from self.body()
         yield Input(placeholder="filter (prefix ! inverts) — enter applies, esc clears", id="filter")
@@ -88,7 +87,8 @@ class ConsoleScreen(Screen[None]):
 
     def status_text(self) -> str:
         mode = " · [b]read-only[/b]" if self.console.read_only else ""
-        return f"store {self.console.data.url} · ok{mode}"
+        where = f" · {self.TITLE_TEXT}" if self.TITLE_TEXT else ""
+        return f"[b]okconsole[/b]{where} · store {self.console.data.url} · ok{mode}"
 
     async def load(self) -> None:
         """Fetch from the store and render; raise StoreDown when it is away."""

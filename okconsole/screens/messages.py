@@ -110,6 +110,7 @@ class MessagesScreen(ConsoleScreen):
     def action_next_page(self) -> None:
         if self.next_cursor is not None:
             self.cursors.append(self.next_cursor)
+            self.next_cursor = None  # known again once this page has loaded: no double step
             self.action_refresh()
 
     def action_prev_page(self) -> None:

@@ -20,7 +20,7 @@ STORE_POLL_S = 0.25
 
 
 class TailScreen(ConsoleScreen):
-    BINDINGS = [Binding("end", "follow", "Follow"), Binding("c", "clear", "Clear")]
+    BINDINGS = [Binding("end", "follow", "Follow", priority=True), Binding("c", "clear", "Clear")]
 
     def __init__(self, signal: str, url: str | None = None, token: str | None = None) -> None:
         super().__init__()
@@ -31,6 +31,7 @@ class TailScreen(ConsoleScreen):
         self.unseen = 0
         self.received = 0
         self.store_down = False
+        self.following = True  # sticky bottom until the operator scrolls up
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -43,6 +44,7 @@ class TailScreen(ConsoleScreen):
         self.TITLE_TEXT = f"tail · {self.signal}"
         super().on_mount()
         self.update_title()
+        self.watch(self.query_one("#tail-log", Log), "scroll_y", self._scrolled, init=False)
         self.run_worker(self.follow_sse() if self.url else self.follow_store(), group="tail", exit_on_error=False)
 
     def focus_main(self) -> None:
@@ -65,11 +67,10 @@ class TailScreen(ConsoleScreen):
 
     def append(self, event_id: str, data: Any) -> None:
         log = self.query_one("#tail-log", Log)
-        at_end = log.is_vertical_scroll_end or log.line_count == 0
         log.write_line(f"{event_id}  {json.dumps(data, ensure_ascii=False)}")
         self.cursor = event_id
         self.received += 1
-        if at_end:
+        if self.following:
             log.scroll_end(animate=False)
         else:
             self.unseen += 1
@@ -78,8 +79,14 @@ class TailScreen(ConsoleScreen):
             badge.set_class(True, "shown")
         self.update_title()
 
+    def _scrolled(self, old: float, new: float) -> None:
+        """Scrolling up (keys, mouse, anything) pauses the tail; new lines count on a badge."""
+        if new < old:
+            self.following = False
+
     def action_follow(self) -> None:
         self.query_one("#tail-log", Log).scroll_end(animate=False)
+        self.following = True
         self.unseen = 0
         self.query_one("#badge", Static).set_class(False, "shown")
 

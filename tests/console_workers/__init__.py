@@ -1,0 +1,1 @@
+"""Subprocess helpers for the console tests."""
