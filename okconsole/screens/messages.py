@@ -100,7 +100,9 @@ class MessagesScreen(ConsoleScreen):
         self.query_one("#title", Static).update(
             f"[b]{self.signal}[/b] · {status} · page {page_no} ({len(self.rows)} rows){more}"
             + (f" · filter {self.filter_text!r}" if self.filter_text else ""))
-        self.query_one("#empty", Static).update("" if wanted else "No messages here.")
+        empty = self.query_one("#empty", Static)
+        empty.update("" if wanted else "No messages here.")
+        empty.display = not wanted
 
     def action_status(self, key: str) -> None:
         self.status = STATUS_KEYS[key]

@@ -82,14 +82,16 @@ class OverviewScreen(ConsoleScreen):
                          lag, f"{rate:.1f}", fmt.sparkline(list(spark))]
             wanted[row.signal] = cells
         sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
-        empty = self.query_one("#empty", Static)
         if not stats:
-            empty.update("No signals in this store yet. Boot an app on it (or run `okconsole demo`) "
-                         "and they appear here.")
+            note = ("No signals in this store yet. Boot an app on it (or run `okconsole demo`) "
+                    "and they appear here.")
         elif not wanted:
-            empty.update(f"No signal matches the filter {self.filter_text!r} (esc clears it).")
+            note = f"No signal matches the filter {self.filter_text!r} (esc clears it)."
         else:
-            empty.update("")
+            note = ""
+        empty = self.query_one("#empty", Static)
+        empty.update(note)
+        empty.display = bool(note)
 
     def selected_signal(self) -> str | None:
         table = self.query_one("#signals", DataTable)

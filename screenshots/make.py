@@ -1,0 +1,103 @@
+"""Regenerate the console screenshots (SVG) from the real app over a fresh demo store.
+
+    python screenshots/make.py            # writes screenshots/*.svg
+
+It runs the bundled demo on a temporary SQLite store (workers, HTTP and traffic
+with failures) and, while it runs, drives `ConsoleApp` with Pilot through every
+screen and saves each with `App.save_screenshot`.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from textual.css.query import NoMatches  # noqa: E402
+
+from okconsole.app import ConsoleApp  # noqa: E402
+from okconsole.demo import DemoRunner  # noqa: E402
+
+SIZE = (150, 42)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def settle(pilot, predicate, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            if predicate():
+                break
+        except NoMatches:
+            pass
+        await pilot.pause(0.1)
+    await pilot.pause(0.3)
+
+
+async def shoot(url: str, out: Path) -> list[str]:
+    saved: list[str] = []
+    app = ConsoleApp(url, refresh_s=0.5)
+
+    def save(name: str) -> None:
+        app.save_screenshot(f"{name}.svg", str(out))
+        saved.append(name)
+
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
+        await pilot.pause(2.5)  # a few refreshes: rates and sparklines
+        save("overview")
+        app.jump("messages tasks.email")
+        await settle(pilot, lambda: app.screen.query_one("#messages").row_count > 0)
+        save("messages")
+        app.jump("dlq tasks.email")
+        await settle(pilot, lambda: app.screen.query_one("#letters").row_count > 0)
+        await pilot.press("space")
+        await pilot.pause(0.2)
+        save("dead-letters")
+        await pilot.press("R")
+        await pilot.pause(0.3)
+        save("replay-confirm")
+        await pilot.press("escape")
+        await pilot.press("enter")
+        await settle(pilot, lambda: app.screen.detail is not None)
+        save("message-detail")
+        await pilot.press("t")
+        await settle(pilot, lambda: app.screen.rendered is not None)
+        save("trace")
+        app.jump("tail order-status")
+        await settle(pilot, lambda: app.screen.received >= 10)
+        save("tail")
+        app.jump("audit")
+        await pilot.pause(0.5)
+        save("audit")
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+        save("help")
+    return saved
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{tmp}/oke.db"
+        demo = DemoRunner(url, port=free_port(), seed=7)
+        await demo.start()
+        try:
+            await asyncio.sleep(6)  # some history first, then shoot while traffic flows
+            saved = await shoot(url, HERE)
+        finally:
+            await demo.stop()
+    print("wrote", ", ".join(f"screenshots/{n}.svg" for n in saved))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
