@@ -109,24 +109,34 @@ class Client:
     async def stream(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
                      last_event_id: str | None = None, via: str | None = None,
                      auto_resubscribe: bool = False, reconnect: bool = True,
-                     on_open: Callable[[], Any] | None = None) -> AsyncIterator[LiveEvent]:
-        """Events of a live tape, resuming by id across drops, until the caller stops iterating."""
+                     on_open: Callable[[], Any] | None = None, tail: int | None = None,
+                     retry_first: bool = True) -> AsyncIterator[LiveEvent]:
+        """Events of a live tape, resuming by id across drops, until the caller stops iterating.
+
+        `tail=N` starts a cursor-less stream at the last N retained events (0: only new ones);
+        `retry_first=False` raises if the very first connection fails instead of retrying.
+        """
         name = _signal_name(signal)
         params = dict(params or {})
         cursor = last_event_id
         backoff = BACKOFF_MIN_S
+        connected = False
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=None)) as client:
             url = self.base_url + await self.path_for(client, name, params, via)
             while True:
                 headers = {**self._headers(), "Accept": "text/event-stream"}
+                query: dict[str, str] = {}
                 if cursor:
                     headers["Last-Event-ID"] = cursor
+                elif tail is not None:
+                    query["tail"] = str(tail)
                 try:
-                    async with aconnect_sse(client, "GET", url, headers=headers) as source:
+                    async with aconnect_sse(client, "GET", url, headers=headers, params=query) as source:
                         if source.response.status_code != 200:
                             await source.response.aread()
                             _raise_for_error(source.response, cursor or "")
                         backoff = BACKOFF_MIN_S
+                        connected = True
                         if on_open is not None:
                             on_open()
                         async for sse in source.aiter_sse():
@@ -141,7 +151,10 @@ class Client:
                     if not auto_resubscribe:
                         raise
                     cursor = None
+                    tail = None
                 except (_Ended, httpx.TransportError):
+                    if not connected and not retry_first:
+                        raise
                     if not reconnect:
                         return
                 await asyncio.sleep(backoff * (0.8 + 0.4 * random.random()))
