@@ -58,11 +58,14 @@ class TapeHub:
         self.subscribers: set[Subscription] = set()
         self.wake = asyncio.Event()
         self.last_seq: int | None = None
+        self.ready = asyncio.Event()  # set once last_seq is known: every later event will be offered
         self.epoch = ""
         self.on_empty = on_empty
         self.task: asyncio.Task[None] | None = None
 
     def subscribe(self) -> Subscription:
+        """Join the hub. Once `ready` is set, every event after `last_seq` reaches the subscription;
+        a stream replays the store at least through `last_seq` after waiting for `ready`."""
         sub = Subscription()
         self.subscribers.add(sub)
         if self.task is None or self.task.done():
@@ -76,6 +79,7 @@ class TapeHub:
                 self.task.cancel()
                 self.task = None
             self.last_seq = None
+            self.ready.clear()
             self.on_empty(self)
 
     async def _run(self) -> None:
@@ -84,20 +88,27 @@ class TapeHub:
         seen = _stat(wal_path)
         backoff = 0.1
         while self.subscribers:
+            self.wake.clear()  # before reading: an append that lands during the read wakes the next round
             try:
                 if self.last_seq is None:
                     tape = await self.store.read(lambda c: live.state(c, self.signal))
                     self.last_seq = tape.head if tape else 0
                     self.epoch = tape.epoch if tape else ""
-                while True:
-                    after = self.last_seq
-                    events = await self.store.read(lambda c: live.read_after(c, self.signal, after))
-                    if not events:
-                        break
-                    self.last_seq = events[-1].seq
-                    batch = live.items(self.epoch, events)
-                    for sub in list(self.subscribers):
-                        sub.offer(batch)
+                    self.ready.set()
+                else:
+                    while True:
+                        after = self.last_seq
+                        epoch, events = await self.store.read(lambda c: live.read_since(c, self.signal, after))
+                        if epoch is not None and epoch != self.epoch:
+                            # wiped or restored: label new events with the new epoch; streams still on
+                            # the old one see the change and end, so their clients learn of the reset
+                            self.epoch = epoch
+                        if not events:
+                            break
+                        self.last_seq = events[-1].seq
+                        batch = live.items(self.epoch, events)
+                        for sub in list(self.subscribers):
+                            sub.offer(batch)
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
@@ -106,7 +117,6 @@ class TapeHub:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            self.wake.clear()
             waited = 0.0
             step = WAL_POLL_S if wal_path else FALLBACK_POLL_S
             while not self.wake.is_set() and waited < FALLBACK_POLL_S:

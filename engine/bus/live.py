@@ -155,6 +155,13 @@ def read_after(conn: Connection, signal: str, after_seq: int, limit: int = 1000)
     return [TapeEvent(r.seq, r.payload, r.created_at) for r in rows]
 
 
+def read_since(conn: Connection, signal: str, after_seq: int, limit: int = 1000
+               ) -> tuple[str | None, list[TapeEvent]]:
+    """The tape's current epoch and its retained events after `after_seq`, in one transaction."""
+    epoch = conn.execute(select(t.c.epoch).where(t.c.signal == signal)).scalar()
+    return epoch, read_after(conn, signal, after_seq, limit)
+
+
 def read_last(conn: Connection, signal: str, count: int) -> list[TapeEvent]:
     """The newest `count` retained events, oldest first."""
     rows = conn.execute(select(e.c.seq, e.c.payload, e.c.created_at).where(e.c.signal == signal)

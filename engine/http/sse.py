@@ -63,60 +63,92 @@ def _accept(match: Match | None, value: Any) -> bool:
         return False
 
 
+REPLAY_BATCH = 1000
+
+
 async def _replay(store: Store, signal: str, epoch: str, after: int, until: int | None = None
                   ) -> AsyncIterator[live.LiveItem]:
     while True:
-        events = await store.read(lambda c: live.read_after(c, signal, after))
-        if not events:
-            return
+        events = await store.read(lambda c: live.read_after(c, signal, after, REPLAY_BATCH))
         for item in live.items(epoch, events):
             if until is not None and item.seq > until:
                 return
             after = item.seq
             yield item
+        if len(events) < REPLAY_BATCH:
+            return  # a short page is the end of what was committed when it was read
 
 
 async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, signal: str, epoch: str,
-                      after_seq: int, match: Match | None) -> AsyncIterator[bytes]:
-    """Every retained event after `after_seq` that passes `match`, then live ones, without a hole."""
+                      after_seq: int, match: Match | None, *, heartbeat_s: float = HEARTBEAT_S
+                      ) -> AsyncIterator[bytes]:
+    """Every retained event after `after_seq` that passes `match`, then live ones, without a hole.
+
+    A heartbeat goes out whenever nothing was written for `heartbeat_s`, counted from the last
+    write rather than the last batch: a filtered stream over a busy tape sends no events, and its
+    client must still hear from it (and move its cursor to the head).
+    """
+    loop = asyncio.get_running_loop()
     hub = hubs.hub(signal)
     sub = hub.subscribe()
     control.subscriptions.add(sub)
     last = after_seq
+    sent_at = loop.time()
     try:
+        # The hub offers every event after its `last_seq` from the moment it is ready; replaying the
+        # store after that moment covers everything up to it, so no event falls between the two.
+        await hub.ready.wait()
         async for item in _replay(store, signal, epoch, last):
             last = item.seq
             if _accept(match, item.value):
+                sent_at = loop.time()
                 yield item.frame
             if control.closing:
                 break
         while not control.closing:
+            wait = sent_at + heartbeat_s - loop.time()
+            batch: list[live.LiveItem] | str | None
             try:
-                async with asyncio.timeout(HEARTBEAT_S):
+                if wait <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(wait):
                     batch = await sub.queue.get()
             except TimeoutError:
+                sent_at = loop.time()
                 yield f"id: {epoch}.{last}\n\n".encode() if match is not None and last else b":\n\n"
                 continue
             if batch == DONE:
                 break
-            if batch is None:  # too slow for the hub: rejoin, and fill the hole from the store
-                hub.unsubscribe(sub)
-                control.subscriptions.discard(sub)
-                sub = hub.subscribe()
+            if batch is None:  # too slow for the hub: rejoin, and catch up from the store
+                old_hub, old = hub, sub
+                hub = hubs.hub(signal)  # the registry's hub, even if the old one was forgotten
+                sub = hub.subscribe()  # join before leaving, so a shared hub keeps its reader
                 control.subscriptions.add(sub)
+                control.subscriptions.discard(old)
+                old_hub.unsubscribe(old)
+                await hub.ready.wait()
+                async for item in _replay(store, signal, epoch, last):
+                    last = item.seq
+                    if _accept(match, item.value):
+                        sent_at = loop.time()
+                        yield item.frame
                 continue
             assert isinstance(batch, list)
+            if not batch[0].id.startswith(f"{epoch}."):
+                break  # the tape was reset under this stream: end it; the client's resume gets 410 reset
             if batch[-1].seq <= last:
                 continue
             if batch[0].seq > last + 1:
                 async for item in _replay(store, signal, epoch, last, until=batch[0].seq - 1):
                     last = item.seq
                     if _accept(match, item.value):
+                        sent_at = loop.time()
                         yield item.frame
             for item in batch:
                 if item.seq > last:
                     last = item.seq
                     if _accept(match, item.value):
+                        sent_at = loop.time()
                         yield item.frame
         yield DONE_FRAME
     finally:
