@@ -30,7 +30,7 @@ class OkeApp:
     def __init__(self, name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
                  lease_ms: int = 30_000, worker_id: str | None = None,
                  max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
-                 stop_grace_s: float = 10.0) -> None:
+                 stop_grace_s: float = 10.0, sse_heartbeat_s: float = 15.0) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
@@ -42,6 +42,9 @@ class OkeApp:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
         self.max_payload_bytes = max_payload_bytes
         self.stop_grace_s = stop_grace_s
+        if isinstance(sse_heartbeat_s, bool) or not isinstance(sse_heartbeat_s, (int, float)) or sse_heartbeat_s <= 0:
+            raise TypeError(f"oke(sse_heartbeat_s=...): seconds > 0, got {sse_heartbeat_s!r}")
+        self.sse_heartbeat_s = float(sse_heartbeat_s)  # SSE heartbeat interval (SPEC §7: at least every 15 s)
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
@@ -175,11 +178,10 @@ class OkeApp:
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
         """Run HTTP/SSE and the workers until `stop()`; open streams end with `data: [DONE]`."""
-        import uvicorn
-
         await self.start()
-        server = uvicorn.Server(uvicorn.Config(self.asgi, host=host, port=port, log_level="warning",
-                                               lifespan="off", timeout_graceful_shutdown=5))
+        self._stop_requested.clear()  # a server started again after stop() serves again
+        self.asgi.reopen()
+        server = self.asgi.uvicorn_server(host, port)
         server_task = asyncio.create_task(server.serve(), name="oke-http")
         workers = asyncio.create_task(self.run(concurrency), name="oke-workers")
         stopped = asyncio.create_task(self._stop_requested.wait())

@@ -1,6 +1,7 @@
 """The ASGI application: live exposures over SSE, flow routes, gates, JSON error envelopes."""
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -17,8 +18,8 @@ from ..bus.hub import HubRegistry
 from ..errors import OkeError
 from ..flows import Binding
 from ..fx import Fx, LiveBody
-from .routes import LIVE_PREFIX, HttpError, Route, check_routes
-from .sse import StreamControl, live_stream, param_match
+from .routes import HttpError, Route, check_routes
+from .sse import HEARTBEAT_S, StreamControl, live_stream, param_match
 
 if TYPE_CHECKING:
     from ..app import OkeApp
@@ -45,18 +46,61 @@ def resume_gap(signal: str, cursor: str, gap: live.Gap) -> JSONResponse:
 
 @dataclass(frozen=True)
 class _Compiled:
+    """A route matched segment by segment against the request's decoded path segments."""
+
     binding: Binding
-    pattern: re.Pattern[str]
+    segments: tuple[re.Pattern[str] | str, ...]
 
     @property
     def route(self) -> Route:
         return self.binding.trigger
 
+    @property
+    def specificity(self) -> tuple[int, ...]:
+        """Static segments sort before params, segment by segment: /orders/vip beats /orders/:id."""
+        return tuple(1 if isinstance(seg, re.Pattern) else 0 for seg in self.segments)
 
-def _compile(path: str) -> re.Pattern[str]:
-    parts = re.split(r"(:[A-Za-z_][A-Za-z0-9_]*)", path)
-    regex = "".join(f"(?P<{p[1:]}>[^/]+)" if p.startswith(":") else re.escape(p) for p in parts)
-    return re.compile(f"^{regex}$")
+    def match(self, segments: list[str]) -> dict[str, str] | None:
+        if len(segments) != len(self.segments):
+            return None
+        params: dict[str, str] = {}
+        for want, got in zip(self.segments, segments):
+            if isinstance(want, str):
+                if want != got:
+                    return None
+                continue
+            found = want.fullmatch(got)
+            if found is None:
+                return None
+            params.update(found.groupdict())
+        return params
+
+
+def _compile(path: str) -> tuple[re.Pattern[str] | str, ...]:
+    out: list[re.Pattern[str] | str] = []
+    for segment in path.split("/")[1:]:
+        if ":" not in segment:
+            out.append(segment)
+            continue
+        parts = re.split(r"(:[A-Za-z_][A-Za-z0-9_]*)", segment)
+        out.append(re.compile("".join(f"(?P<{p[1:]}>.+)" if p.startswith(":") else re.escape(p)
+                                      for p in parts), re.DOTALL))
+    return tuple(out)
+
+
+def _segments(raw_path: str) -> list[str] | None:
+    """The path's segments, each percent-decoded once; None for a path no route may match.
+
+    Splitting before decoding keeps an encoded slash inside its segment (a param may hold one);
+    empty segments (`//`, a trailing `/`) and dot segments (`.`, `..`, also when encoded) are
+    refused outright rather than normalised, so no spelling of a path reaches another route.
+    """
+    if not raw_path.startswith("/"):
+        return None
+    segments = [unquote(seg, errors="strict") for seg in raw_path[1:].split("/")]
+    if raw_path != "/" and any(seg in ("", ".", "..") or "\x00" in seg for seg in segments):
+        return None
+    return segments
 
 
 class HttpServer:
@@ -73,7 +117,9 @@ class HttpServer:
                 self.firehoses.setdefault(route.live_signal.name, []).append(b)  # type: ignore[union-attr]
             else:
                 self.routes.append(_Compiled(b, _compile(route.path)))
+        self.routes.sort(key=lambda c: c.specificity)  # stable: among equals, binding order
         self.control = StreamControl()
+        self.heartbeat_s = float(getattr(app, "sse_heartbeat_s", HEARTBEAT_S))
         self._hubs: HubRegistry | None = None
 
     @property
@@ -96,7 +142,35 @@ class HttpServer:
             self._hubs.wake(signal)
 
     def shutdown(self) -> None:
+        """End every open stream with `data: [DONE]`; streams opened from now on end at once."""
         self.control.close_all()
+
+    def reopen(self) -> None:
+        """Serve streams again after a shutdown (a server started anew in the same process)."""
+        if self.control.closing:
+            self.control = StreamControl()
+
+    def uvicorn_server(self, host: str, port: int, **options: Any) -> Any:
+        """A uvicorn server for this app whose exit (stop, SIGINT, SIGTERM) first ends the streams.
+
+        uvicorn waits for open connections before it returns; SSE streams never end by themselves,
+        so without this a signal would wait out the graceful timeout and cut them without [DONE].
+        """
+        import uvicorn
+
+        http = self
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                http.shutdown()
+                stop = getattr(http.app, "_stop_requested", None)
+                if stop is not None:
+                    stop.set()
+                super().handle_exit(sig, frame)
+
+        config = uvicorn.Config(self, host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=5, **options)
+        return Server(config)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -111,6 +185,7 @@ class HttpServer:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self.reopen()
                 try:
                     await self.app.start()
                 except Exception as err:
@@ -124,21 +199,24 @@ class HttpServer:
 
     async def _dispatch(self, request: Request) -> Response:
         try:
-            raw_path = request.scope.get("raw_path") or request.url.path.encode()
-            raw = raw_path.decode("latin-1").split("?", 1)[0]
-            if raw.startswith(LIVE_PREFIX):
-                return await self._firehose(request, unquote(raw[len(LIVE_PREFIX):], errors="strict"))
-            if raw == "/_oke/exposures" and request.method == "GET":
-                return JSONResponse({"data": self.exposures(), "error": None})
-            path = request.url.path
+            raw_path = request.scope.get("raw_path") or request.scope["path"].encode()
+            segments = _segments(raw_path.decode("latin-1").split("?", 1)[0])
+            if segments is None:
+                return PlainTextResponse("Not Found", status_code=404)
+            if segments[0] == "_oke":  # the engine's own paths; user routes cannot start with /_oke/
+                if len(segments) == 3 and segments[1] == "live":
+                    return await self._firehose(request, segments[2])
+                if segments == ["_oke", "exposures"] and request.method == "GET":
+                    return JSONResponse({"data": self.exposures(), "error": None})
+                return PlainTextResponse("Not Found", status_code=404)
             allowed = False
             for compiled in self.routes:
-                found = compiled.pattern.match(path)
-                if found is None:
+                params = compiled.match(segments)
+                if params is None:
                     continue
                 allowed = True
                 if compiled.route.method == request.method:
-                    return await self._route(request, compiled, found.groupdict())
+                    return await self._route(request, compiled, params)
             if allowed:
                 return PlainTextResponse("Method Not Allowed", status_code=405)
             return PlainTextResponse("Not Found", status_code=404)
@@ -193,10 +271,15 @@ class HttpServer:
             return await self._serve_live(request, route.live_signal, param_match(params))
         value = await self._input(request, route, params)
         fx = Fx(self.app, binding.flow)
+        handler = binding.flow.do
+        assert handler is not None
         try:
-            result = binding.flow.do(value, fx)  # type: ignore[misc]
-            if inspect.isawaitable(result):
-                result = await result
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(value, fx)
+            else:  # sync handlers run in a thread, as workers run them (SPEC §2)
+                result = await asyncio.to_thread(handler, value, fx)
+                if inspect.isawaitable(result):
+                    result = await result
         except HttpError:
             raise
         except OkeError as err:
@@ -205,6 +288,8 @@ class HttpServer:
             if route.live_signal is None or result.signal.name != route.live_signal.name:
                 return envelope(500, "InternalError", "fx.live() returned for a route not exposing that signal")
             return await self._serve_live(request, result.signal, result.match)
+        if isinstance(result, Response):  # a flow may answer with any Starlette response (HTML, redirects)
+            return result
         try:
             return JSONResponse({"data": _jsonable(result), "error": None})
         except (TypeError, ValueError) as err:
@@ -260,7 +345,8 @@ class HttpServer:
             assert after is not None
         else:
             after = _tail_start(request, tape)
-        body = live_stream(store, self.hubs(), self.control, signal.name, tape.epoch, after, match)
+        body = live_stream(store, self.hubs(), self.control, signal.name, tape.epoch, after, match,
+                           heartbeat_s=self.heartbeat_s)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
