@@ -27,24 +27,27 @@ CHANNEL = "oke_wake"
 SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the schema
 CONNECT_TIMEOUT_S = 10.0
 
+# Leases are judged by the database's clock, not the claimer's: processes on many machines share
+# one database, and a machine whose clock runs ahead must not see a live lease as expired.
 _CLAIM = """
-WITH picked AS (
-  SELECT m.seq FROM oke_messages AS m
+WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
+picked AS (
+  SELECT m.seq FROM oke_messages AS m, clock
    WHERE m.status IN ('pending', 'inflight')
-     AND (m.status = 'pending' OR m.lease_expires_at < $3)
-     AND m.queue = ANY($5::text[])
+     AND (m.status = 'pending' OR m.lease_expires_at < clock.now)
+     AND m.queue = ANY($4::text[])
      AND (m.key IS NULL OR NOT EXISTS (
            SELECT 1 FROM oke_messages AS o
             WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
               AND o.queue = m.queue AND o.key = m.key
               AND (o.seq < m.seq
-                   OR (o.status = 'inflight' AND o.lease_expires_at >= $3 AND o.seq <> m.seq))))
-   ORDER BY m.seq LIMIT $4
-   FOR UPDATE SKIP LOCKED)
+                   OR (o.status = 'inflight' AND o.lease_expires_at >= clock.now AND o.seq <> m.seq))))
+   ORDER BY m.seq LIMIT $3
+   FOR UPDATE OF m SKIP LOCKED)
 UPDATE oke_messages AS u
    SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
-       lease_expires_at = $2, updated_at = $3
-  FROM picked WHERE u.seq = picked.seq
+       lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
+  FROM picked, clock WHERE u.seq = picked.seq
 RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id
 """
 
@@ -184,9 +187,8 @@ class PostgresStore(Store):
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
-        now = now_ms()
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(_CLAIM, worker_id, now + lease_ms, now, limit, list(queues))
+            rows = await conn.fetch(_CLAIM, worker_id, lease_ms, limit, list(queues))
         return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
