@@ -50,12 +50,13 @@ class WorkerProcs:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, mode: str, worker_id: str, url: str, lease_ms: int = 30_000,
-              concurrency: int = 8, hold: bool = False) -> subprocess.Popen:
+              concurrency: int = 8, hold: bool = False, clock_skew_ms: int = 0) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(self.dir / f"log-{worker_id}", "wb")
         proc = subprocess.Popen(
             [sys.executable, str(WORKER), mode, "--url", url, "--dir", str(self.dir), "--worker-id", worker_id,
-             "--lease-ms", str(lease_ms), "--concurrency", str(concurrency)] + (["--hold"] if hold else []),
+             "--lease-ms", str(lease_ms), "--concurrency", str(concurrency),
+             "--clock-skew-ms", str(clock_skew_ms)] + (["--hold"] if hold else []),
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
         self.procs[worker_id] = proc
@@ -204,6 +205,35 @@ async def test_a_worker_killed_mid_handler_is_reclaimed_after_its_lease(db_url, 
     runs = await fetch(db_url, "SELECT attempt, worker_id, status FROM oke_runs WHERE message_id = $1", msg_id)
     assert runs == [(2, "B", "succeeded")]  # A died before it could record anything
     assert await fetch(db_url, "SELECT attempt FROM oke_failures WHERE message_id = $1", msg_id) == []
+
+
+async def test_a_worker_whose_clock_runs_ahead_does_not_steal_a_live_lease(pg_url, procs):
+    """Processes on many machines share one PostgreSQL: leases must not depend on their clocks."""
+    victim = signal.once("victim", retries=3)
+    procs.start("crash", "A", pg_url, lease_ms=30_000, concurrency=1)  # busy with one: takes no more
+    await procs.ready("A")
+    async with oke("emitter", database_url=pg_url, bindings=[]) as app:
+        held = await app.emit(victim, {"hang": True})
+
+        async def a_started():
+            return any(e[0] == "start" for e in procs.lines("events"))
+
+        await until(a_started, "worker A to start the handler")
+        # B's wall clock is two minutes ahead: by its clock, A's 30 s lease has long expired
+        procs.start("crash", "B", pg_url, lease_ms=30_000, clock_skew_ms=120_000)
+        await procs.ready("B")
+        probe = await app.emit(victim, {"hang": False})
+
+    async def probe_delivered():
+        return await scalar(pg_url, "SELECT status FROM oke_messages WHERE id = $1", probe) == "delivered"
+
+    # B claims in seq order: the claim that took the probe saw the held message first and left it
+    await until(probe_delivered, "worker B to handle the probe")
+    started = [(e[1], e[3]) for e in procs.lines("events")]
+    assert started == [(held, "A"), (probe, "B")]
+    [(status, attempts, locked_by)] = await fetch(
+        pg_url, "SELECT status, attempts, locked_by FROM oke_messages WHERE id = $1", held)
+    assert (status, attempts, locked_by) == ("inflight", 1, "A")
 
 
 # --------------------------------------------------------------------------- (c) stale holders

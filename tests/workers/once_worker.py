@@ -1,7 +1,7 @@
 """A worker process for the once concurrency tests.
 
     python tests/workers/once_worker.py MODE --url URL --dir DIR --worker-id ID [--lease-ms N]
-                                        [--concurrency N] [--hold]
+                                        [--concurrency N] [--hold] [--clock-skew-ms N]
 
 It declares the signal and flow of MODE, boots `oke(...)` on URL, writes DIR/ready-<ID>, (with
 --hold waits for DIR/go,) and runs `app.run(concurrency=N)` until DIR/stop exists. Handlers record what they do as lines appended
@@ -11,7 +11,8 @@ with O_APPEND (one os.write per line, so lines from several processes never inte
     fifo    signal "fifo":   DIR/events (shared) "S|E|F <key> <n> <attempt> <ID> <epoch_ms>";
             a handler fails its first attempt when n % 5 == 0
     crash   signal "victim": DIR/events (shared) "start <msg_id> <attempt> <ID> <epoch_ms>";
-            attempt 1 then hangs (the test SIGKILLs the process), later attempts return
+            attempt 1 then hangs (the test SIGKILLs the process) unless the payload says
+            {"hang": false}; later attempts return
     lease   signal "lease":  DIR/events (shared) "S|E <msg_id> <attempt> <ID> <epoch_ms> <locked_by>
             <attempts> <lease_expires_at>" (the last three read from the row at handler start, "-" on E);
             attempt 1 of a message whose n % 10 == 0 sleeps past the lease
@@ -79,7 +80,7 @@ def declare(mode: str, out: Path, me: str, lease_ms: int, url: str) -> None:
         @flow("workers.victim")
         async def handle_victim(payload, fx):
             log("start", fx.message_id, fx.attempt, me, now_ms())
-            if fx.attempt == 1:
+            if fx.attempt == 1 and payload.get("hang", True):
                 await asyncio.sleep(3600)  # the test SIGKILLs us here
 
     elif mode == "lease":
@@ -114,7 +115,12 @@ async def main() -> None:
     parser.add_argument("--lease-ms", type=int, default=30_000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--hold", action="store_true", help="after boot, wait for DIR/go before running")
+    parser.add_argument("--clock-skew-ms", type=int, default=0,
+                        help="run as on a machine whose wall clock is this far ahead")
     args = parser.parse_args()
+    if args.clock_skew_ms:
+        real_time = time.time
+        time.time = lambda: real_time() + args.clock_skew_ms / 1000
 
     declare(args.mode, args.dir, args.worker_id, args.lease_ms, args.url)
     app = oke(f"worker-{args.mode}", database_url=args.url, lease_ms=args.lease_ms,
