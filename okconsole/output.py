@@ -1,0 +1,234 @@
+"""Rendering for the scripted commands: Rich tables for people, plain JSON for scripts.
+
+Nothing here touches the store: it formats the records `engine.ops` returns.
+Colour follows Rich's detection: NO_COLOR / FORCE_COLOR and whether stdout is a terminal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from engine.ops import (AuditEntry, DeadLetter, FailureGroup, MessageDetail, MessageRow, Purged, PurgePreview,
+                        Replayed, ReplayPreview, RunNode, SignalStats, to_json)
+
+STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "bold red",
+                "succeeded": "green", "failed": "red", "lease_lost": "magenta", "unknown": "dim"}
+PIPE_WIDTH = 200  # a pipe has no width: do not squeeze tables into 80 columns
+
+
+def console() -> Console:
+    """A console on stdout; when stdout is not a terminal, wide (COLUMNS wins) and colourless."""
+    width = None
+    if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
+        width = PIPE_WIDTH
+    return Console(highlight=False, width=width, soft_wrap=False)
+
+
+def print_json(data: Any) -> None:
+    """JSON only, one document, on stdout (a list is one array)."""
+    sys.stdout.write(json.dumps(to_json(data), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+# -- formatting ---------------------------------------------------------------------------------
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {sec}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def status(text: str) -> str:
+    style = STATUS_STYLE.get(text)
+    return f"[{style}]{escape(text)}[/]" if style else escape(text)
+
+
+def cell(value: Any) -> str:
+    return "-" if value is None else escape(str(value))
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False, box=None)
+    for name in columns:
+        numeric = name in ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Count", "Lag")
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    return table
+
+
+# -- one renderer per command -------------------------------------------------------------------
+def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
+    if not rows:
+        out.print(f"No signals recorded in {escape(db)} yet.")
+        return
+    table = _table("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag")
+    for r in rows:
+        table.add_row(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
+                      f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms))
+    out.print(table)
+
+
+def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
+    if not rows:
+        out.print(f"No messages in {escape(signal)} match.")
+        return
+    table = _table("ID", "Status", "Key", "Attempts", "Locked by", "Lease expires", "Created", "Parent run",
+                   title=f"{signal}: {len(rows)} newest")
+    for r in rows:
+        table.add_row(r.id, status(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
+                      when(r.lease_expires_at), when(r.created_at), cell(r.parent_run_id))
+    out.print(table)
+
+
+def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
+    if not rows:
+        out.print(f"No dead letters in {escape(signal)}.")
+        return
+    table = _table("ID", "Key", "Attempts", "Last failure", "Died", "Created",
+                   title=f"{signal}: {len(rows)} dead letters")
+    for r in rows:
+        last = next((x for x in reversed(r.failures) if x.code != "replayed"), None)
+        reason = f"{last.code}: {last.message}" if last else "-"
+        table.add_row(r.id, cell(r.key), str(r.attempts), escape(reason), when(last.at if last else None),
+                      when(r.created_at))
+    out.print(table)
+
+
+def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None:
+    if not rows:
+        out.print(f"No dead or failing messages in {escape(signal)}.")
+        return
+    table = _table("Code", "Message", "Count", "Last at", title=f"{signal}: failures by cause")
+    for r in rows:
+        table.add_row(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
+    out.print(table)
+
+
+def render_audit(out: Console, rows: list[AuditEntry]) -> None:
+    if not rows:
+        out.print("The audit log is empty.")
+        return
+    table = _table("At", "Actor", "Action", "Signal", "Count", "Reason", "Ids")
+    for r in rows:
+        ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
+        table.add_row(when(r.at), escape(r.actor), escape(r.action), cell(r.signal), str(r.count),
+                      cell(r.reason), escape(ids))
+    out.print(table)
+
+
+def _run_label(node: RunNode, mark: str | None = None) -> str:
+    flow = escape(node.flow) if node.flow else "[dim](not recorded)[/]"
+    took = (f" {duration(node.ended_at - node.started_at)}"
+            if node.started_at is not None and node.ended_at is not None else "")
+    label = f"[bold]{flow}[/] {escape(node.run_id)} {status(node.status)}{took}"
+    if node.attempt is not None and node.message_id is not None:
+        label += f" [dim]attempt {node.attempt} of {escape(node.message_id)}[/]"
+    if node.error:
+        label += f" [red]{escape(node.error)}[/]"
+    if mark and node.run_id == mark:
+        label += " [reverse] ← [/]"
+    return label
+
+
+def _grow(tree: Tree, node: RunNode, mark: str | None) -> None:
+    stack = [(tree, node)]
+    while stack:
+        parent, current = stack.pop()
+        branch = parent.add(_run_label(current, mark))
+        for msg in current.messages:
+            key = f" key={escape(msg.key)}" if msg.key is not None else ""
+            branch.add(f"[dim]emitted[/] {escape(msg.signal)} {escape(msg.id)}{key} {status(msg.status)}")
+        if current.emitted > len(current.messages):
+            branch.add(f"[dim]… {current.emitted - len(current.messages)} more emitted[/]")
+        for child in reversed(current.children):
+            stack.append((branch, child))
+    # children were pushed reversed so they pop in order; Tree keeps insertion order per parent
+
+
+def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
+    tree = Tree("[bold]trace[/]", guide_style="dim")
+    _grow(tree, root, asked)
+    out.print(tree)
+
+
+def render_show(out: Console, d: MessageDetail) -> None:
+    head = _table("Field", "Value", title=f"message {d.id}")
+    head.columns[0].style = "bold"
+    rows = [("signal", escape(d.signal)), ("flow", cell(d.flow)), ("key", cell(d.key)),
+            ("status", status(d.status)), ("attempts", f"{d.attempts} (retries {d.retries})"),
+            ("replays", str(d.replays)), ("created", when(d.created_at)), ("updated", when(d.updated_at)),
+            ("finished", when(d.finished_at)), ("parent run", cell(d.parent_run_id)),
+            ("locked by", cell(d.lease.locked_by)), ("lease expires", when(d.lease.lease_expires_at))]
+    if d.status == "inflight":
+        rows.append(("reclaimable", "[yellow]yes: the lease has expired[/]" if d.lease.reclaimable
+                     else "no: the lease holds"))
+    if d.blocked_by is not None:
+        b = d.blocked_by
+        rows.append(("blocked by", f"{escape(b.id)} ({status(b.status)}, {b.attempts} attempts), "
+                                   f"the head of key {escape(str(d.key))}"))
+    for name, value in rows:
+        head.add_row(name, value)
+    out.print(head)
+    out.print()
+    out.print("[bold]payload[/]")
+    out.print(escape(json.dumps(d.payload, indent=2, ensure_ascii=False)))
+    out.print()
+    if d.failures:
+        table = _table("At", "Attempt", "Code", "Message", title="failures, newest first")
+        for x in reversed(d.failures):
+            style = "dim" if x.code == "replayed" else ""
+            table.add_row(when(x.at), str(x.attempt), escape(x.code), escape(x.message), style=style)
+        out.print(table)
+    else:
+        out.print("[dim]no failures[/]")
+    if d.trace:
+        out.print()
+        anchor = d.runs[-1].run_id if d.runs else None
+        for root in d.trace:
+            render_trace(out, root, anchor)
+
+
+def render_replay(out: Console, signal: str, result: Replayed | ReplayPreview) -> None:
+    if isinstance(result, ReplayPreview):
+        out.print(f"Would replay {result.would_replay} dead letter(s) of {escape(signal)} (dry run: nothing changed).")
+        if result.ids:
+            more = " …" if result.would_replay > len(result.ids) else ""
+            out.print("  " + escape(", ".join(result.ids)) + more)
+        return
+    out.print(f"Replayed {result.replayed} dead letter(s) of {escape(signal)}.")
+    for msg_id in result.ids[:20]:
+        out.print(f"  {msg_id}")
+    if len(result.ids) > 20:
+        out.print(f"  … and {len(result.ids) - 20} more")
+
+
+def render_purge(out: Console, signal: str, state: str, result: Purged | PurgePreview) -> None:
+    if isinstance(result, PurgePreview):
+        out.print(f"Would purge {result.would_purge} {state} message(s) of {escape(signal)} "
+                  f"(dry run: nothing changed).")
+        return
+    out.print(f"Purged {result.purged} {state} message(s) of {escape(signal)}.")
