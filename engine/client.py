@@ -122,7 +122,7 @@ class Client:
         backoff = BACKOFF_MIN_S
         connected = False
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=None)) as client:
-            url = self.base_url + await self.path_for(client, name, params, via)
+            url: str | None = None
             while True:
                 headers = {**self._headers(), "Accept": "text/event-stream"}
                 query: dict[str, str] = {}
@@ -131,6 +131,8 @@ class Client:
                 elif tail is not None:
                     query["tail"] = str(tail)
                 try:
+                    if url is None:  # inside the retry: a server not up yet is retried like a drop
+                        url = self.base_url + await self.path_for(client, name, params, via)
                     async with aconnect_sse(client, "GET", url, headers=headers, params=query) as source:
                         if source.response.status_code != 200:
                             await source.response.aread()
@@ -157,7 +159,8 @@ class Client:
                         raise
                     if not reconnect:
                         return
-                await asyncio.sleep(backoff * (0.8 + 0.4 * random.random()))
+                # jitter only lengthens the wait: the back-off stays within 500 ms … 30 s (SPEC §8)
+                await asyncio.sleep(min(backoff * (1 + 0.25 * random.random()), BACKOFF_MAX_S))
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def live(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
