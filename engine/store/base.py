@@ -65,9 +65,15 @@ class Outcome:
     message: str | None = None
 
 
+# Keys are indexed beside the queue name (up to 401 characters) and PostgreSQL's btree rows hold
+# at most 2704 bytes: 1000 bytes of key keeps the worst case (4-byte characters everywhere) inside.
+MAX_KEY_BYTES = 1000
+
+
 def check_keys(rows: Sequence[NewMessage]) -> None:
-    """Refuse keys no backend can store alike: NUL (PostgreSQL text cannot hold it) and lone
-    surrogates (not UTF-8). Checked before any write, so a bad key stores nothing on either backend."""
+    """Refuse keys no backend can store alike: NUL (PostgreSQL text cannot hold it), lone
+    surrogates (not UTF-8) and more than MAX_KEY_BYTES of UTF-8 (too big to index). Checked before
+    any write, so a bad key stores nothing on either backend."""
     for row in rows:
         key = row.key
         if key is None:
@@ -75,10 +81,13 @@ def check_keys(rows: Sequence[NewMessage]) -> None:
         if "\x00" in key:
             raise ValueError(f'emit("{row.signal}", key=...): a key may not contain NUL characters')
         try:
-            key.encode("utf-8")
+            size = len(key.encode("utf-8"))
         except UnicodeEncodeError as err:
             raise ValueError(f'emit("{row.signal}", key=...): a key must be valid Unicode text '
                              f"({err.reason})") from None
+        if size > MAX_KEY_BYTES:
+            raise ValueError(f'emit("{row.signal}", key=...): a key has at most {MAX_KEY_BYTES} bytes '
+                             f"in UTF-8, this one has {size}")
 
 
 def queue_name(signal: str, flow: str | None, kind: str) -> str:
