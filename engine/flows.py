@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import OkeError
-from .signals import Signal, declared
+from .signals import Signal, check_name, declared
 
 Handler = Callable[..., Any]
 
@@ -51,6 +51,9 @@ def flow(name: str | None = None, *, do: Handler | None = None, durable: bool = 
     """A Flow when `do` is given, else a decorator that turns a function into one."""
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise TypeError(f"flow(name): the name must be a non-empty string, got {name!r}")
+    if name is not None:
+        # the store keeps flow names beside signal names (200 characters): same rules
+        check_name(name, "flow", what="flow")
     if not isinstance(durable, bool):
         raise TypeError(f"flow(durable=...): durable is a flag (True or False), got {durable!r}")
     reads = _check_effects(effects)

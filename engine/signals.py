@@ -54,16 +54,16 @@ class Signal:
         return f"signal.{self.kind}({self.name!r})"
 
 
-def check_name(name: object, where: str = "signal") -> str:
-    """A signal name is 1–200 characters with no control characters."""
+def check_name(name: object, where: str = "signal", what: str = "signal") -> str:
+    """A signal (or flow) name is 1–200 characters with no control characters."""
     if not isinstance(name, str):
         raise TypeError(f"{where}: the name must be a string, got {type(name).__name__}")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
-        raise ValueError(f"{where}({name[:40]!r}): a signal name has 1 to {MAX_NAME_LENGTH} characters, "
+        raise ValueError(f"{where}({name[:40]!r}): a {what} name has 1 to {MAX_NAME_LENGTH} characters, "
                          f"this one has {len(name)}")
     bad = [ch for ch in name if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")]
     if bad:
-        raise ValueError(f"{where}({name!r}): a signal name may not contain control characters "
+        raise ValueError(f"{where}({name!r}): a {what} name may not contain control characters "
                          f"(found {bad[0]!r})")
     return name
 
