@@ -93,4 +93,6 @@ class Fx:
         except (TypeError, ValueError) as err:
             raise TypeError(f'fx.step("{name}"): the result must be JSON-serializable ({err})') from err
         await store.write(lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
-        return result
+        # The recorded value, as a retry will get it (tuples as lists, int dict keys as strings), so
+        # every attempt sees the same thing.
+        return json.loads(encoded)
