@@ -113,6 +113,36 @@ async def test_bad_keys_at_emit(app, key, exc):
     assert "key" in str(err.value)
 
 
+def _astral(count: int, seed: int = 7) -> str:
+    """`count` random 4-byte UTF-8 characters (incompressible, unlike repeating one)."""
+    import random
+
+    rnd = random.Random(seed)
+    return "".join(chr(rnd.randint(0x10000, 0x1F000)) for _ in range(count))
+
+
+async def test_a_key_over_1000_utf8_bytes_is_refused(app):
+    """700 astral characters are under the 1000-character limit but 2800 bytes: too big to index."""
+    with pytest.raises(ValueError, match="key") as err:
+        await app.emit("jobs", {"a": 1}, key=_astral(700))
+    assert "bytes" in str(err.value)
+
+
+async def test_the_largest_names_and_keys_are_stored_and_delivered(db_url):
+    name = _astral(200, seed=1)
+    jobs = signal.once(name)
+    got = []
+    worker = flow(_astral(200, seed=2), do=lambda p, fx: got.append((p, fx.signal)))
+    on(jobs, worker)
+    keys = ["k" * 1000, _astral(250, seed=3)]  # 1000 characters; 1000 bytes
+    async with oke("t", database_url=db_url) as app:
+        for key in keys:
+            await app.emit(jobs, {"key": key}, key=key)
+        await app.drain()
+    assert got == [({"key": k}, name) for k in keys]
+    assert (await table_counts(db_url))["oke_messages"] == 2
+
+
 async def test_unknown_emit_option_is_a_type_error(app):
     with pytest.raises(TypeError):
         await app.emit("jobs", {"a": 1}, lease_ms=5)

@@ -204,6 +204,18 @@ def test_flow_option_checks(bad):
         flow(**({"name": "w"} | bad))
 
 
+@pytest.mark.parametrize("name", ["x" * 201, "a\nb", "nul\x00", "\x7f"])
+def test_flow_names_follow_the_signal_name_rules(name):
+    with pytest.raises(ValueError):
+        flow(name, do=_handler)
+    with pytest.raises(ValueError):
+        flow(name)
+
+
+def test_a_200_character_flow_name_is_fine():
+    assert flow("f" * 200, do=_handler).name == "f" * 200
+
+
 def test_bare_flow_decorator_is_refused():
     with pytest.raises(TypeError):
         @flow

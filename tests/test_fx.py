@@ -232,6 +232,41 @@ async def test_a_finished_step_is_not_run_again_on_retry(db_url):
     assert steps == [("charge",), ("sync-step",)]
 
 
+async def test_a_step_returns_its_recorded_value_on_every_attempt(db_url):
+    """What the first attempt gets is what a retry gets: the recorded JSON, not the raw object."""
+    jobs = signal.once("jobs", retries=1)
+    seen = []
+
+    @on(jobs)
+    @flow("w", durable=True)
+    async def handler(payload, fx):
+        seen.append(await fx.step("shape", lambda: {1: ("a", "b"), "n": 1.5}))
+        if fx.attempt == 1:
+            raise RuntimeError("retry")
+
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs)
+        await app.drain()
+    assert seen == [{"1": ["a", "b"], "n": 1.5}] * 2
+
+
+async def test_a_step_whose_result_is_not_json_fails_the_attempt(db_url):
+    jobs = signal.once("jobs", retries=0)
+
+    @on(jobs)
+    @flow("w", durable=True)
+    async def handler(payload, fx):
+        await fx.step("bad", lambda: {1, 2})
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await app.drain()
+    [(code, message)] = await fetch(db_url, "SELECT code, message FROM oke_failures WHERE message_id = $1",
+                                    msg_id)
+    assert code == "TypeError" and 'fx.step("bad")' in message
+    assert await fetch(db_url, "SELECT count(*) FROM oke_steps") == [(0,)]
+
+
 async def test_a_step_that_raises_is_run_again_on_retry(db_url):
     jobs = signal.once("jobs", retries=1)
     body_runs = []
