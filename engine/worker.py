@@ -43,8 +43,19 @@ def failure_code(exc: BaseException) -> str:
     """The exception's string `code` attribute if it has one, else its class name."""
     if isinstance(exc, OkeError):
         return f"OKE{exc.code}"
-    code = getattr(exc, "code", None)
+    try:
+        code = getattr(exc, "code", None)
+    except Exception:  # a `code` property that raises: fall back to the class name
+        code = None
     return code if isinstance(code, str) and code else type(exc).__name__
+
+
+def failure_message(exc: BaseException) -> str:
+    """`str(exc)`, or a stand-in when the exception cannot describe itself."""
+    try:
+        return str(exc)
+    except Exception as err:
+        return f"<str() of {type(exc).__name__} failed: {type(err).__name__}>"
 
 
 class WorkerPool:
@@ -156,11 +167,16 @@ class WorkerPool:
                 if inspect.isawaitable(result):
                     await result
             ok = True
-        except asyncio.CancelledError:
-            raise  # stopping: leave the message inflight, reclaimable after its lease
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # stopping: leave the message inflight, reclaimable after its lease
+            # the handler's own code raised it (it awaited something cancelled): a failure
+            ok = False
+            code, message = failure_code(exc), failure_message(exc)
         except Exception as exc:
             ok = False
-            code, message = failure_code(exc), str(exc)
+            code, message = failure_code(exc), failure_message(exc)
         self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
                                              now_ms(), code, message))
         self.outcome_ready.set()
