@@ -301,6 +301,91 @@ async def test_sync_handler_exception_is_a_failure(db_url):
     assert [(c, m) for _, c, m, _ in await _failures(db_url, msg_id)] == [("E_DECLINED", "sync no")]
 
 
+async def test_a_handler_that_raises_cancelled_error_itself_is_a_failure(db_url):
+    """Only the worker's own cancellation (stop) leaves a message inflight; a CancelledError out of
+    the handler's code (it awaited a task someone cancelled) is a failure like any other."""
+    jobs = signal.once("jobs", retries=1)
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        if fx.attempt == 1:
+            inner = asyncio.ensure_future(asyncio.sleep(10))
+            inner.cancel()
+            await inner
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await app.drain()
+    row = await _row(db_url, msg_id)
+    assert (row["status"], row["attempts"]) == ("delivered", 2)
+    assert [(a, c) for a, c, *_ in await _failures(db_url, msg_id)] == [(1, "CancelledError")]
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str() of this exception fails")
+
+
+class BadCode(Exception):
+    @property
+    def code(self):
+        raise RuntimeError("so does its code")
+
+
+@pytest.mark.parametrize("exc, code", [(Unprintable(), "Unprintable"), (BadCode("x"), "BadCode")])
+async def test_an_exception_that_cannot_describe_itself_is_still_a_failure(db_url, exc, code):
+    jobs = signal.once("jobs", retries=0)
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        raise exc
+
+    async with oke("t", database_url=db_url) as app:
+        msg_id = await app.emit(jobs)
+        await app.drain()
+    assert (await _row(db_url, msg_id))["status"] == "dead"
+    [(attempt, got, message, _)] = await _failures(db_url, msg_id)
+    assert (attempt, got) == (1, code)
+    assert message
+
+
+async def test_stop_leaves_a_running_handler_reclaimable(db_url):
+    """Handlers still running after the stop grace are cancelled; their message waits for its lease."""
+    jobs = signal.once("jobs")
+    started = asyncio.Event()
+    calls = []
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        calls.append(fx.attempt)
+        started.set()
+        if fx.attempt == 1:
+            await asyncio.sleep(3600)
+
+    async with oke("t", database_url=db_url, lease_ms=400, stop_grace_s=0.05) as app:
+        msg_id = await app.emit(jobs)
+        running = asyncio.create_task(app.run())
+        await asyncio.wait_for(started.wait(), 20)
+        await app.stop()
+        await asyncio.wait_for(running, 20)
+        row = await _row(db_url, msg_id)
+        assert (row["status"], row["attempts"]) == ("inflight", 1)
+        assert await _failures(db_url, msg_id) == []
+
+        async def lease_expired():
+            return now_ms() > row["lease_expires_at"] + 5
+
+        while not await lease_expired():
+            await asyncio.sleep(0.05)
+        await app.drain()
+    assert calls == [1, 2]
+    row = await _row(db_url, msg_id)
+    assert (row["status"], row["attempts"]) == ("delivered", 2)
+
+
 async def test_status_path_is_pending_inflight_delivered_or_dead_only(db_url):
     jobs = signal.once("jobs", retries=1)
 
