@@ -129,10 +129,17 @@ def _target(url: str) -> str:
         return url
 
 
-def state_of(ctx: typer.Context) -> State:
+DB_OPTION: Any = typer.Option(None, "--db", metavar="URL",
+                              help="Database url (also accepted before the command).")
+
+
+def state_of(ctx: typer.Context, db: str | None = None) -> State:
+    """The global options, with a command's own `--db` (given after the command name) winning."""
     obj = ctx.find_root().obj
     if not isinstance(obj, State):  # a command invoked without the root callback (tests)
         obj = State(db=resolve_url(None), read_only=False, actor=None)
+    if db:
+        obj = State(db=db, read_only=obj.read_only, actor=obj.actor)
     return obj
 
 
@@ -184,7 +191,7 @@ def root(
         None, "--db", metavar="URL",
         help="Database url (default: env OKE_DATABASE_URL, then sqlite+aiosqlite:///.oke/oke.db)."),
     read_only: bool = typer.Option(False, "--read-only", help="Refuse every write (replay, purge)."),
-    actor: Optional[str] = typer.Option(None, "--actor", help="Who is acting, for the audit log "
+    actor: Optional[str] = typer.Option(None, "--actor", metavar="NAME", help="Who is acting, for the audit log "
                                                               "(default: the OS user)."),
 ) -> None:
     ctx.obj = State(db=resolve_url(db), read_only=read_only, actor=actor)
@@ -194,9 +201,10 @@ def root(
 
 # -- reads --------------------------------------------------------------------------------------
 @app.command()
-def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def stats(ctx: typer.Context, db: Optional[str] = DB_OPTION,
+          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Per signal: pending, inflight, delivered and dead counts, and the oldest pending age (lag)."""
-    state = state_of(ctx)
+    state = state_of(ctx, db)
     rows = run(state, ops.stats)
     if as_json:
         output.print_json(rows)
@@ -207,16 +215,17 @@ def stats(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
 @app.command()
 def messages(
     ctx: typer.Context,
-    signal: str = typer.Argument(..., help="The signal's name."),
-    status: Optional[str] = typer.Option(None, "--status", help="pending | inflight | delivered | dead"),
-    key: Optional[str] = typer.Option(None, "--key", help="Only messages with this key."),
-    limit: int = typer.Option(50, "--limit", min=1, help="At most this many (newest first)."),
+    db: Optional[str] = DB_OPTION,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The signal's name."),
+    status: Optional[str] = typer.Option(None, "--status", metavar="S", help="pending | inflight | delivered | dead"),
+    key: Optional[str] = typer.Option(None, "--key", metavar="K", help="Only messages with this key."),
+    limit: int = typer.Option(50, "--limit", min=1, metavar="N", help="At most this many (newest first)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Messages of SIGNAL, newest first."""
     if status is not None and status not in ops.STATUSES:
         fail(2, f'--status: unknown status "{status}" (one of: {", ".join(ops.STATUSES)})')
-    rows = run(state_of(ctx), lambda store: ops.messages(store, signal, status=status, key=key, limit=limit))
+    rows = run(state_of(ctx, db), lambda store: ops.messages(store, signal, status=status, key=key, limit=limit))
     if as_json:
         output.print_json(rows)
     else:
@@ -226,11 +235,12 @@ def messages(
 @app.command()
 def show(
     ctx: typer.Context,
+    db: Optional[str] = DB_OPTION,
     message_id: str = typer.Argument(..., metavar="ID", help="A message id."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """One message: payload, every failure, its lease, what blocks it, its trace."""
-    detail = run(state_of(ctx), lambda store: ops.show(store, message_id))
+    detail = run(state_of(ctx, db), lambda store: ops.show(store, message_id))
     if as_json:
         output.print_json(detail)
     else:
@@ -242,33 +252,47 @@ async def _require_signal(store: Store, name: str) -> None:
         raise ops.UnknownSignal(name, await ops.known_signals(store))
 
 
+HUMAN_DLQ_LIMIT = 100
+
+
 @app.command()
 def dlq(
     ctx: typer.Context,
-    signal: str = typer.Argument(..., help="The signal's name."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most this many (newest first)."),
+    db: Optional[str] = DB_OPTION,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The signal's name."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, metavar="N",
+                                        help="At most this many, newest first (default: every one with "
+                                             f"--json, {HUMAN_DLQ_LIMIT} in the table)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Dead letters of SIGNAL, newest first, with every failure."""
+    shown = limit if limit is not None or as_json else HUMAN_DLQ_LIMIT
+
     async def go(store: Store) -> list[ops.DeadLetter]:
         await _require_signal(store, signal)
-        return await ops.dead_letters(store, signal, limit)
+        return await ops.dead_letters(store, signal, None if shown is None else shown + 1)
 
-    rows = run(state_of(ctx), go)
+    rows = run(state_of(ctx, db), go)
+    more = shown is not None and len(rows) > shown
+    rows = rows[:shown] if shown is not None else rows
     if as_json:
         output.print_json(rows)
-    else:
-        output.render_dlq(output.console(), signal, rows)
+        return
+    out = output.console()
+    output.render_dlq(out, signal, rows)
+    if more:
+        out.print(f"… more dead letters than the {shown} newest shown: pass --limit N, or --json for all.")
 
 
 @app.command()
 def failures(
     ctx: typer.Context,
-    signal: str = typer.Argument(..., help="The signal's name."),
+    db: Optional[str] = DB_OPTION,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The signal's name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Dead and failing messages of SIGNAL grouped by failure code and message, newest first."""
-    rows = run(state_of(ctx), lambda store: ops.failures(store, signal))
+    rows = run(state_of(ctx, db), lambda store: ops.failures(store, signal))
     if as_json:
         output.print_json(rows)
     else:
@@ -278,11 +302,12 @@ def failures(
 @app.command()
 def audit(
     ctx: typer.Context,
-    limit: int = typer.Option(100, "--limit", min=1, help="At most this many (newest first)."),
+    db: Optional[str] = DB_OPTION,
+    limit: int = typer.Option(100, "--limit", min=1, metavar="N", help="At most this many (newest first)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The operator audit log: who replayed or purged what, when and why."""
-    rows = run(state_of(ctx), lambda store: ops.audit(store, limit))
+    rows = run(state_of(ctx, db), lambda store: ops.audit(store, limit))
     if as_json:
         output.print_json(rows)
     else:
@@ -292,11 +317,12 @@ def audit(
 @app.command()
 def trace(
     ctx: typer.Context,
+    db: Optional[str] = DB_OPTION,
     run_id: str = typer.Argument(..., metavar="RUN_ID", help="Any run of the tree."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The run tree RUN_ID belongs to, from its root: each run and the messages it emitted."""
-    root_node = run(state_of(ctx), lambda store: ops.trace(store, run_id))
+    root_node = run(state_of(ctx, db), lambda store: ops.trace(store, run_id))
     if as_json:
         output.print_json(root_node)
     else:
@@ -326,14 +352,15 @@ def _confirm(question: str, what: str) -> None:
 @app.command()
 def replay(
     ctx: typer.Context,
-    signal: str = typer.Argument(..., help="The signal's name."),
+    db: Optional[str] = DB_OPTION,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The signal's name."),
     ids: Optional[list[str]] = typer.Argument(None, metavar="[ID]...", help="Dead letters to replay."),
     all_: bool = typer.Option(False, "--all", help="Every dead letter of SIGNAL (that the filters keep)."),
-    code: Optional[str] = typer.Option(None, "--code", help="Only those whose last failure has this code."),
+    code: Optional[str] = typer.Option(None, "--code", metavar="C", help="Only those whose last failure has this code."),
     match: Optional[str] = typer.Option(None, "--match", metavar="TEXT",
                                         help="Only those whose last failure message contains TEXT "
                                              "(case-insensitive)."),
-    key: Optional[str] = typer.Option(None, "--key", help="Only those with this key."),
+    key: Optional[str] = typer.Option(None, "--key", metavar="K", help="Only those with this key."),
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="D",
                                              help="Only those dead for at least D (e.g. 30m, 7d)."),
     rate: Optional[str] = typer.Option(None, "--rate", metavar="N/s",
@@ -344,7 +371,7 @@ def replay(
     payload: Optional[str] = typer.Option(None, "--payload", metavar="FILE",
                                           help="Replace the payload of the one named message with this "
                                                "JSON file ('-' reads stdin)."),
-    actor: Optional[str] = typer.Option(None, "--actor", help="Who is acting (default: the OS user)."),
+    actor: Optional[str] = typer.Option(None, "--actor", metavar="NAME", help="Who is acting (default: the OS user)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the count and a sample; change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -352,7 +379,7 @@ def replay(
     """Requeue dead letters: dead → pending, same id (per-key order holds), attempts reset to 0,
     failure history kept behind a "replayed" marker, an audit record written. Without --rate
     the replay is one transaction: it commits whole or not at all."""
-    state = state_of(ctx)
+    state = state_of(ctx, db)
     ids = list(ids or [])
     if all_ and ids:
         fail(2, "name dead-letter ids or pass --all, not both")
@@ -396,18 +423,19 @@ def replay(
 @app.command()
 def purge(
     ctx: typer.Context,
-    signal: str = typer.Argument(..., help="The signal's name."),
+    db: Optional[str] = DB_OPTION,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The signal's name."),
     status: str = typer.Option(..., "--status", metavar="delivered|dead", help="Which finished messages."),
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="D",
                                              help="Only those finished at least D ago (e.g. 7d)."),
     reason: Optional[str] = typer.Option(None, "--reason", metavar="TEXT", help="Why, for the audit log."),
-    actor: Optional[str] = typer.Option(None, "--actor", help="Who is acting (default: the OS user)."),
+    actor: Optional[str] = typer.Option(None, "--actor", metavar="NAME", help="Who is acting (default: the OS user)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the count; change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Delete finished messages of SIGNAL (with their failure and step rows), in one transaction."""
-    state = state_of(ctx)
+    state = state_of(ctx, db)
     if status not in ("delivered", "dead"):
         fail(2, f'--status: purge deletes finished messages: "delivered" or "dead", not "{status}"')
     older_ms = _older_than(older_than)

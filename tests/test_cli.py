@@ -147,6 +147,7 @@ def test_stats_json_and_table(db_url, shop):
     assert {k: got["shop.email"][k] for k in ("kind", "pending", "inflight", "delivered", "dead", "lag_ms")} == \
         {"kind": "once", "pending": 0, "inflight": 0, "delivered": 2, "dead": 2, "lag_ms": None}
     assert got["shop.idle"]["delivered"] == 0 and got["shop.audit"]["delivered"] == 1
+    assert as_json(cli("stats", "--db", db_url, "--json")) == rows  # --db after the command works too
 
     human = cli("--db", db_url, "stats")
     assert human.exit_code == 0 and human.stderr == ""
@@ -212,6 +213,12 @@ def test_dlq_and_failures_json(db_url, shop):
         assert [set(f) for f in d["failures"]] == [{"code", "message", "at", "attempt"}] * 2
     assert letters[0]["payload"] == {"to": "bad2@x.co"} and letters[0]["key"] == "u2"
     assert as_json(cli("--db", db_url, "dlq", "shop.audit", "--json")) == []
+    assert [d["id"] for d in as_json(cli("--db", db_url, "dlq", "shop.email", "--limit", "1", "--json"))] == \
+        [ids["bad2"]]
+    table = cli("--db", db_url, "dlq", "shop.email")
+    assert table.exit_code == 0 and ids["bad1"] in table.stdout and "smtp refused bad1@x.co" in table.stdout
+    assert "more dead letters" not in table.stdout
+    assert "more dead letters" in cli("--db", db_url, "dlq", "shop.email", "--limit", "1").stdout
     assert cli("--db", db_url, "dlq", "shop.nope").exit_code == 2
 
     groups = as_json(cli("--db", db_url, "failures", "shop.email", "--json"))
@@ -472,6 +479,14 @@ def test_a_missing_sqlite_file_is_reported_and_not_created(tmp_path):
     default = run_okconsole("stats", cwd=tmp_path, env={"OKE_DATABASE_URL": ""})
     assert default.returncode == 1 and ".oke/oke.db" in default.stderr
     assert not (tmp_path / ".oke").exists()
+
+
+def test_a_file_that_is_not_a_database_exits_1(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a SQLite database, just some bytes" * 100)
+    result = cli("--db", f"sqlite+aiosqlite:///{junk}", "stats", "--json")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1 and str(junk) in result.stderr
 
 
 def test_subprocess_reads_the_store_named_by_the_environment(sqlite_url, shop, tmp_path):
