@@ -10,7 +10,7 @@ from typing import Any
 from . import payloads
 from .bus import live
 from .bus.routing import rows_for
-from .errors import OkeError
+from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
 from .http.server import HttpServer
@@ -18,6 +18,7 @@ from .ids import new_id
 from .ops import registry
 from .signals import Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url
+from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
 
 MAX_KEY_LENGTH = 1000
@@ -146,7 +147,13 @@ class OkeApp:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
         msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
         if rows:
-            await store.enqueue(rows)
+            try:
+                await store.enqueue(rows)
+            except Exception as err:
+                if not is_outage(err):
+                    raise
+                raise StoreUnavailable(f'emit("{target.name}"): the store did not confirm the write, so the '
+                                       f"message may not be stored ({describe(err)})") from err
         return msg_id
 
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None,
@@ -155,7 +162,13 @@ class OkeApp:
         assert self.store is not None and self.manifest is not None
         if not signal.optional and signal.name not in self._exposed_live():
             raise OkeError.of(1240, flow=emitter or self.name, resource=signal.name)
-        ids = await self.store.write(lambda conn: live.append(conn, signal, [encoded], parent_run_id))
+        try:
+            ids = await self.store.write(lambda conn: live.append(conn, signal, [encoded], parent_run_id))
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            raise StoreUnavailable(f'emit("{signal.name}"): the store did not confirm the append, so the '
+                                   f"event may not be stored ({describe(err)})") from err
         if self._http is not None:
             self._http.wake(signal.name)
         return ids[0]

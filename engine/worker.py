@@ -22,6 +22,7 @@ from .fx import Fx
 from .ids import new_id, now_ms
 from .signals import Signal
 from .store import Claimed, Outcome
+from .store.outage import is_outage
 
 if TYPE_CHECKING:
     from .app import OkeApp
@@ -121,7 +122,7 @@ class WorkerPool:
                 batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
                 backoff = 0.05
             except Exception as err:
-                if not _is_transient(err):
+                if not is_outage(err):
                     raise
                 log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
                 await _sleep_or(stop, backoff)
@@ -196,7 +197,7 @@ class WorkerPool:
                 await self.store.settle(self.app.worker_id, batch)
                 backoff = 0.05
             except Exception as err:
-                if not _is_transient(err):
+                if not is_outage(err):
                     # Not a passing outage: retrying cannot help. The attempts stay inflight and
                     # are reclaimed after their lease, so nothing is lost or half-written.
                     log.exception("settle of %d outcomes failed; they will be reclaimed after the lease",
@@ -213,18 +214,6 @@ class WorkerPool:
                 self.settling = False
                 self.settle_count += 1
             self.settled.set()
-
-
-def _is_transient(err: BaseException) -> bool:
-    """Connection-level trouble worth retrying (the database restarted, a lock timed out)."""
-    import sqlite3
-
-    import asyncpg
-
-    transient = (OSError, ConnectionError, asyncio.TimeoutError, sqlite3.OperationalError,
-                 asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                 asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError)
-    return isinstance(err, transient)
 
 
 async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:

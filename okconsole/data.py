@@ -4,30 +4,16 @@ No Textual here: screens call these coroutines from workers and render what come
 """
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Awaitable, Callable, TypeVar
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-from engine.errors import StoreUnavailable
 from engine.store import Store, make_store, resolve_url
+from engine.store.outage import is_outage
 
 T = TypeVar("T")
 
 
 class StoreDown(RuntimeError):
     """The store cannot be reached right now; the message is one line for the status bar."""
-
-
-def _is_outage(err: BaseException) -> bool:
-    import asyncpg
-
-    outage = (StoreUnavailable, OSError, ConnectionError, sqlite3.OperationalError, OperationalError,
-              InterfaceError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-              asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError)
-    if isinstance(err, DBAPIError) and err.connection_invalidated:
-        return True
-    return isinstance(err, outage)
 
 
 def _one_line(err: BaseException) -> str:
@@ -49,7 +35,7 @@ class StoreAdapter:
             try:
                 await store.open()
             except Exception as err:
-                if _is_outage(err):
+                if is_outage(err):
                     self.last_error = _one_line(err)
                     raise StoreDown(self.last_error) from err
                 raise
@@ -62,7 +48,7 @@ class StoreAdapter:
         try:
             result = await fn(store, *args, **kwargs)
         except Exception as err:
-            if _is_outage(err):
+            if is_outage(err):
                 self.last_error = _one_line(err)
                 await self._drop()
                 raise StoreDown(self.last_error) from err
