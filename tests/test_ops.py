@@ -468,6 +468,8 @@ async def test_replay_dry_run_and_filters(db_url):
         with pytest.raises(ValueError):
             await ops.replay(store, "t.filter", all=True, rate=0)
 
+        assert (await ops.replay(store, "t.filter", ids["s1"], dry_run=True)).ids == [ids["s1"]]  # a lone id
+
         done = await ops.replay(store, "t.filter", all=True, code="E_DISK", actor="bob")
         assert done.ids == [ids["d1"], ids["d2"]]
         counts = by_signal(await ops.stats(store))["t.filter"]

@@ -117,6 +117,8 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
     this process). `dry_run` changes nothing and returns the count and up to 20 ids.
     Named ids that are no longer dead are skipped (a concurrent replay took them).
     """
+    if isinstance(ids, str):
+        ids = [ids]  # one id, not its characters
     id_list = None if ids is None else list(dict.fromkeys(ids))
     if all and id_list:
         raise ValueError("name message ids or pass all=True, not both")
