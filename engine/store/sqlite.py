@@ -199,7 +199,10 @@ class SqliteStore(Store):
         check_keys(rows)
         params = [(r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries, int(r.dead_letter),
                    r.created_at, r.created_at, r.parent_run_id) for r in rows]
-        await self._writer.call(lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(_INSERT, params)))
+        # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
+        # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
+        await self._writer.call(
+            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(_INSERT, params).close()))
         wake_local(self.url)
 
     def _claim_statement(self, count: int) -> str:
