@@ -6,7 +6,7 @@ through `engine.ops` (via `okconsole.data.StoreAdapter`).
 from __future__ import annotations
 
 import shlex
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -32,8 +32,14 @@ class ConsoleApp(App[None]):
                 Binding("colon", "jump", "Jump"), Binding("q", "quit", "Quit")]
 
     def __init__(self, database_url: str | None = None, read_only: bool = False, *, refresh_s: float = 1.0,
-                 tail_url: str | None = None, tail_token: str | None = None) -> None:
+                 tail_url: str | None = None, tail_token: str | None = None,
+                 embedded: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None,
+                 exit_after_s: float | None = None) -> None:
+        """`embedded` is a (start, stop) pair run inside the app's loop (the demo's engine);
+        `exit_after_s` quits after that many seconds (scripted demo runs)."""
         super().__init__()
+        self.embedded = embedded
+        self.exit_after_s = exit_after_s
         self.data = StoreAdapter(database_url)
         self.read_only = read_only
         self.refresh_s = refresh_s
@@ -41,11 +47,17 @@ class ConsoleApp(App[None]):
         self.tail_token = tail_token
         self.store_ok: bool | None = None
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         self.sub_title = self.data.url + (" · read-only" if self.read_only else "")
+        if self.embedded is not None:
+            await self.embedded[0]()
         self.push_screen(OverviewScreen())
+        if self.exit_after_s is not None:
+            self.set_timer(self.exit_after_s, self.exit)
 
     async def on_unmount(self) -> None:
+        if self.embedded is not None:
+            await self.embedded[1]()
         await self.data.close()
 
     # -- navigation ------------------------------------------------------------------------

@@ -58,11 +58,6 @@ def fail(code: int, message: str) -> NoReturn:
     raise typer.Exit(code)
 
 
-def not_yet(what: str) -> NoReturn:
-    typer.echo(f"okconsole: {what} is not yet available", err=True)
-    raise typer.Exit(1)
-
-
 # -- the store ----------------------------------------------------------------------------------
 def _check_sqlite_file(url: str) -> None:
     """Point the console at a SQLite file that does not exist and it says so (no new empty store)."""
@@ -196,7 +191,8 @@ def root(
 ) -> None:
     ctx.obj = State(db=resolve_url(db), read_only=read_only, actor=actor)
     if ctx.invoked_subcommand is None:
-        not_yet("the TUI (okconsole without a command)")
+        from .cli_run import run_tui
+        run_tui(ctx.obj.db, read_only)
 
 
 # -- reads --------------------------------------------------------------------------------------
@@ -457,26 +453,8 @@ def purge(
         output.render_purge(output.console(), signal, status, result)
 
 
-# -- placeholders others fill in --------------------------------------------------------------------
-_ANY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
-@app.command(context_settings=_ANY_ARGS)
-def demo(ctx: typer.Context) -> None:
-    """The bundled demo app with the TUI on top (not yet available)."""
-    not_yet("okconsole demo")
-
-
-@app.command(context_settings=_ANY_ARGS)
-def serve(ctx: typer.Context) -> None:
-    """Run a user app's engine: workers and HTTP/SSE (not yet available)."""
-    not_yet("okconsole serve")
-
-
-@app.command(context_settings=_ANY_ARGS)
-def tail(ctx: typer.Context) -> None:
-    """Follow a live tape (not yet available)."""
-    not_yet("okconsole tail")
+# -- the TUI and the long-running commands live in cli_run (registered on import) -------------
+from . import cli_run  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,4 @@
+"""`python -m okconsole` is the `okconsole` command."""
+from okconsole.cli import main
+
+main()

@@ -1,0 +1,175 @@
+"""The long-running commands: the TUI, `demo`, `serve MODULE:ATTR` and `tail SIGNAL`.
+
+Registered on the Typer app of `okconsole.cli` (imported at its end).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import socket
+import sys
+from typing import Optional
+
+import typer
+
+from engine.app import OkeApp
+from engine.errors import OkeError, SchemaTooNew, StoreUnavailable
+
+from .cli import DB_OPTION, app, fail, state_of
+from .demo import DEMO_PORT
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _check_port(host: str, port: int) -> None:
+    if not 0 < port < 65536:
+        fail(2, f"--port: {port} is not a TCP port (1-65535)")
+    if not port_free(host, port):
+        fail(1, f"cannot listen on {host}:{port}: the port is in use (pass --port)")
+
+
+def run_tui(database_url: str, read_only: bool, tail_url: str | None = None, tail_token: str | None = None) -> None:
+    from .app import ConsoleApp
+    from .cli import _check_sqlite_file
+
+    _check_sqlite_file(database_url)
+    ConsoleApp(database_url, read_only=read_only, tail_url=tail_url, tail_token=tail_token).run()
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    db: Optional[str] = DB_OPTION,
+    headless: bool = typer.Option(False, "--headless", help="Run the demo without the TUI."),
+    seconds: Optional[float] = typer.Option(None, "--seconds", metavar="N", help="Stop after N seconds."),
+    port: int = typer.Option(DEMO_PORT, "--port", help="HTTP port on 127.0.0.1."),
+) -> None:
+    """The bundled demo shop running embedded (workers + HTTP on 127.0.0.1:6530), with the TUI on top."""
+    from .demo import DemoRunner, run_headless
+
+    state = state_of(ctx, db)
+    if seconds is not None and seconds <= 0:
+        fail(2, f"--seconds: {seconds} is not a positive number of seconds")
+    _check_port("127.0.0.1", port)
+    try:
+        if headless:
+            typer.echo(f"okconsole demo: store {state.db}, HTTP on http://127.0.0.1:{port} "
+                       f"(token demo-token){'' if seconds is None else f', for {seconds:g}s'}", err=True)
+            asyncio.run(run_headless(state.db, seconds, port))
+            return
+        from .app import ConsoleApp
+
+        runner_box: dict[str, DemoRunner] = {}
+
+        async def start() -> None:
+            runner_box["demo"] = DemoRunner(state.db, port)
+            await runner_box["demo"].start()
+
+        async def stop() -> None:
+            if "demo" in runner_box:
+                await runner_box["demo"].stop()
+
+        ConsoleApp(state.db, read_only=state.read_only, tail_url=f"http://127.0.0.1:{port}",
+                   tail_token="demo-token", embedded=(start, stop), exit_after_s=seconds).run()
+    except KeyboardInterrupt:
+        pass
+    except (StoreUnavailable, SchemaTooNew) as err:
+        fail(1, str(err))
+
+
+def load_app(target: str) -> OkeApp:
+    """The OkeApp named by MODULE:ATTR (the working directory is importable)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        fail(2, f'serve: expected MODULE:ATTR (e.g. "shop.app:app"), got "{target}"')
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        fail(2, f'serve: cannot import "{module_name}": {err}')
+    except Exception as err:  # the user's module raised at import
+        fail(2, f'serve: importing "{module_name}" raised {type(err).__name__}: {err}')
+    found = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            fail(2, f'serve: "{module_name}" has no attribute "{attr}"')
+        found = getattr(found, part)
+    if callable(found) and not isinstance(found, OkeApp):
+        found = found()
+    if not isinstance(found, OkeApp):
+        fail(2, f'serve: "{target}" is a {type(found).__name__}, not an app made by engine.oke(...)')
+    return found
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="MODULE:ATTR", help="The app, e.g. shop.app:app."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(6530, "--port", help="TCP port."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Concurrent handlers."),
+) -> None:
+    """Run a user app's engine: its workers and its HTTP/SSE routes, until Ctrl-C."""
+    oke_app = load_app(target)
+    _check_port(host, port)
+    typer.echo(f"okconsole serve: {oke_app.name} on http://{host}:{port} (store {oke_app.database_url}, "
+               f"{concurrency} handlers)", err=True)
+    try:
+        asyncio.run(oke_app.serve(host=host, port=port, concurrency=concurrency))
+    except KeyboardInterrupt:
+        pass
+    except (StoreUnavailable, SchemaTooNew) as err:
+        fail(1, str(err))
+    except (OkeError, TypeError, ValueError) as err:  # boot checks of the user's manifest
+        fail(2, str(err))
+
+
+@app.command()
+def tail(
+    ctx: typer.Context,
+    signal: str = typer.Argument(..., metavar="SIGNAL", help="The live signal to follow."),
+    db: Optional[str] = DB_OPTION,
+    url: Optional[str] = typer.Option(None, "--url", envvar="OKE_URL", metavar="URL",
+                                      help="Follow over SSE from this server (else read the store)."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="OKE_TOKEN", help="Bearer token for --url."),
+    after: Optional[str] = typer.Option(None, "--after", metavar="ID", help="Start after this event id."),
+    from_start: bool = typer.Option(False, "--from-start", help="Start at the oldest retained event."),
+    from_end: bool = typer.Option(False, "--from-end", help="Only events emitted from now on."),
+    count: Optional[int] = typer.Option(None, "--count", min=1, metavar="N", help="Exit after N events."),
+    as_json: bool = typer.Option(False, "--json", help="Print NDJSON {\"id\", \"data\"}."),
+) -> None:
+    """Follow a live tape like `tail -f`: the last 10 retained events, then new ones."""
+    from .tailing import Printer, TailFailed, TailOptions, UnknownTape, tail_sse, tail_store
+
+    if sum(map(bool, (after, from_start, from_end))) > 1:
+        fail(2, "tail: choose one of --after ID, --from-start, --from-end")
+    state = state_of(ctx, db)
+    opts = TailOptions(signal, after, from_start, from_end, count, as_json)
+    printer = Printer(opts)
+    try:
+        if url:
+            asyncio.run(tail_sse(url, token, opts, printer))
+        else:
+            from .cli import _check_sqlite_file
+            _check_sqlite_file(state.db)
+            asyncio.run(tail_store(state.db, opts, printer))
+    except KeyboardInterrupt:
+        pass
+    except UnknownTape as err:
+        fail(2, str(err))
+    except TailFailed as err:
+        fail(1, str(err))
+    except (StoreUnavailable, SchemaTooNew) as err:
+        fail(1, str(err))
+    except BrokenPipeError:  # `okconsole tail x | head`
+        sys.stderr.close()

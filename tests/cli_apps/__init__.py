@@ -1,0 +1,1 @@
+"""User apps the CLI tests serve with `okconsole serve MODULE:ATTR`."""
