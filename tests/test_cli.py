@@ -42,7 +42,7 @@ def cli(*args: str, env: dict[str, str] | None = None, input: str | None = None)
 
 def okconsole_cmd() -> list[str]:
     found = shutil.which("okconsole")
-    return [found] if found else [sys.executable, "-m", "okconsole.cli"]
+    return [found] if found else [sys.executable, "-m", "okconsole"]
 
 
 def run_okconsole(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
