@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, and_, func, select, union_all
 
 from ..ids import now_ms
 from ..store import schema
@@ -110,9 +110,18 @@ def message_page(conn: Connection, signal: str, status: str | None = None, key: 
         conds.append(m.c.key == key)
     if before_seq is not None:
         conds.append(m.c.seq < before_seq)
-    rows = conn.execute(select(m.c.seq, m.c.id, m.c.status, m.c.key, m.c.attempts, m.c.locked_by,
-                               m.c.lease_expires_at, m.c.created_at, m.c.parent_run_id)
-                        .where(and_(*conds)).order_by(m.c.seq.desc()).limit(limit + 1)).all()
+    cols = (m.c.seq, m.c.id, m.c.status, m.c.key, m.c.attempts, m.c.locked_by, m.c.lease_expires_at,
+            m.c.created_at, m.c.parent_run_id)
+    if status is None and key is None:
+        # No index orders a whole signal by seq: read the newest limit+1 of each status from
+        # (signal, status, seq) and merge, so a page costs O(limit), not O(messages of the signal).
+        parts = [select(*select(*cols).where(and_(*conds, m.c.status == st))
+                        .order_by(m.c.seq.desc()).limit(limit + 1).subquery().c) for st in STATUSES]
+        newest = union_all(*parts).subquery()
+        query = select(*newest.c).order_by(newest.c.seq.desc()).limit(limit + 1)
+    else:
+        query = select(*cols).where(and_(*conds)).order_by(m.c.seq.desc()).limit(limit + 1)
+    rows = conn.execute(query).all()
     more = len(rows) > limit
     rows = rows[:limit]
     items = [MessageRow(id=r.id, status=r.status, key=r.key, attempts=r.attempts, locked_by=r.locked_by,
