@@ -19,7 +19,7 @@ from ..errors import OkeError
 from ..flows import Binding
 from ..fx import Fx, LiveBody
 from .routes import HttpError, Route, check_routes
-from .sse import HEARTBEAT_S, StreamControl, live_stream, param_match
+from .sse import HEARTBEAT_S, REPLAY_BATCH, StreamControl, live_stream, param_match
 
 if TYPE_CHECKING:
     from ..app import OkeApp
@@ -327,37 +327,54 @@ class HttpServer:
         return value
 
     async def _serve_live(self, request: Request, signal: Any, match: Any) -> Response:
+        """Check the cursor and read the first replay page in one transaction, then stream.
+
+        With an age rule the same transaction prunes first (a write), so a cursor is judged against
+        the tape as it stands; one round of the store per connection either way.
+        """
         store = self.app._require_store()
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             cursor = request.query_params.get("lastEventId")
-        if signal.retention_rule.max_age_ms is not None:
-            await store.write(lambda c: live.prune(c, signal))
-        tape = await store.read(lambda c: live.state(c, signal.name))
+        tail = _tail(request) if not cursor else None
+        name = signal.name
+
+        def look(conn: Any) -> tuple[live.TapeState | None, live.Gap | None, int, list[live.TapeEvent]]:
+            if signal.retention_rule.max_age_ms is not None:
+                live.prune(conn, signal)
+            tape = live.state(conn, name)
+            if tape is None:
+                return None, None, 0, []
+            if cursor:
+                after, gap = live.check_cursor(tape, cursor)
+                if gap is not None:
+                    return tape, gap, 0, []
+                assert after is not None
+            else:
+                after = 0 if tail is None else max(tape.head - tail, 0)
+            return tape, None, after, live.read_after(conn, name, after, REPLAY_BATCH)
+
+        run = store.write if signal.retention_rule.max_age_ms is not None else store.read
+        tape, gap, after, page = await run(look)
         if tape is None:
-            await store.write(lambda c: live.ensure_tape(c, signal.name))
-            tape = await store.read(lambda c: live.state(c, signal.name))
+            await store.write(lambda c: live.ensure_tape(c, name))
+            tape, gap, after, page = await run(look)
             assert tape is not None
-        if cursor:
-            after, gap = live.check_cursor(tape, cursor)
-            if gap is not None:
-                return resume_gap(signal.name, cursor, gap)
-            assert after is not None
-        else:
-            after = _tail_start(request, tape)
-        body = live_stream(store, self.hubs(), self.control, signal.name, tape.epoch, after, match,
-                           heartbeat_s=self.heartbeat_s)
+        if gap is not None:
+            return resume_gap(name, cursor or "", gap)
+        body = live_stream(store, self.hubs(), self.control, name, tape.epoch, after, match,
+                           heartbeat_s=self.heartbeat_s, first_page=page, page_head=tape.head)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _tail_start(request: Request, tape: live.TapeState) -> int:
+def _tail(request: Request) -> int | None:
     """Without a cursor: the whole tape, or only the last N with ?tail=N (console extension)."""
     tail = request.query_params.get("tail")
     if tail is None:
-        return 0
+        return None
     if not tail.isdigit() or int(tail) > MAX_TAIL:
         raise _BadRequest(f"tail must be an integer from 0 to {MAX_TAIL}")
-    return max(tape.head - int(tail), 0)
+    return int(tail)
 
 
 class _BadRequest(HttpError):

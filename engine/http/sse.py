@@ -80,13 +80,17 @@ async def _replay(store: Store, signal: str, epoch: str, after: int, until: int 
 
 
 async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, signal: str, epoch: str,
-                      after_seq: int, match: Match | None, *, heartbeat_s: float = HEARTBEAT_S
+                      after_seq: int, match: Match | None, *, heartbeat_s: float = HEARTBEAT_S,
+                      first_page: list[live.TapeEvent] | None = None, page_head: int = 0
                       ) -> AsyncIterator[bytes]:
     """Every retained event after `after_seq` that passes `match`, then live ones, without a hole.
 
     A heartbeat goes out whenever nothing was written for `heartbeat_s`, counted from the last
     write rather than the last batch: a filtered stream over a busy tape sends no events, and its
     client must still hear from it (and move its cursor to the head).
+
+    `first_page` is the first replay page when the caller read it already (with the tape's head
+    at that moment, `page_head`), saving a round of the store per connection.
     """
     loop = asyncio.get_running_loop()
     hub = hubs.hub(signal)
@@ -98,13 +102,27 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
         # The hub offers every event after its `last_seq` from the moment it is ready; replaying the
         # store after that moment covers everything up to it, so no event falls between the two.
         await hub.ready.wait()
-        async for item in _replay(store, signal, epoch, last):
-            last = item.seq
-            if _accept(match, item.value):
-                sent_at = loop.time()
-                yield item.frame
-            if control.closing:
-                break
+        replay_from: int | None = last
+        if first_page is not None:
+            for item in live.items(epoch, first_page):
+                last = item.seq
+                if _accept(match, item.value):
+                    sent_at = loop.time()
+                    yield item.frame
+            if len(first_page) < REPLAY_BATCH:
+                last = max(last, page_head)  # the page held everything committed up to its head
+                # the hub offers what follows its last_seq; the store fills anything in between
+                replay_from = last if (hub.last_seq or 0) > last else None
+            else:
+                replay_from = last
+        if replay_from is not None:
+            async for item in _replay(store, signal, epoch, replay_from):
+                last = item.seq
+                if _accept(match, item.value):
+                    sent_at = loop.time()
+                    yield item.frame
+                if control.closing:
+                    break
         while not control.closing:
             wait = sent_at + heartbeat_s - loop.time()
             batch: list[live.LiveItem] | str | None
