@@ -128,12 +128,22 @@ async def test_four_processes_deliver_ten_thousand_messages_exactly_once(pg_url,
     total = 10_000
     bulk = signal.once("bulk")
     names = [f"w{i}" for i in range(4)]
-    emitted: list[str] = []
     # The backlog is in place before the workers start, and they start at once: four claimers race
-    # over one backlog.
-    async with oke("emitter", database_url=pg_url, bindings=[Binding(bulk, flow("workers.bulk", do=_never))]) as app:
-        for start in range(0, total, 250):
-            emitted += await asyncio.gather(*(app.emit(bulk, {"n": n}) for n in range(start, start + 250)))
+    # over one backlog. Four emitting apps (four connection pools) fill it.
+    binding = [Binding(bulk, flow("workers.bulk", do=_never))]
+    emitters = [oke(f"emitter{i}", database_url=pg_url, bindings=binding) for i in range(4)]
+
+    async def emit_share(app, first: int) -> list[str]:
+        out: list[str] = []
+        async with app:
+            for start in range(first, total, 4 * 100):
+                out += await asyncio.gather(*(app.emit(bulk, {"n": n})
+                                              for n in range(start, min(start + 100, total))))
+        return out
+
+    shares = await asyncio.gather(*(emit_share(app, i * 100) for i, app in enumerate(emitters)))
+    emitted = [msg_id for share in shares for msg_id in share]
+    assert len(emitted) == total
     for name in names:
         procs.start("bulk", name, pg_url, hold=True)
     await procs.ready(*names)
