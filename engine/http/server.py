@@ -162,10 +162,16 @@ class HttpServer:
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                http.shutdown()
-                stop = getattr(http.app, "_stop_requested", None)
-                if stop is not None:
-                    stop.set()
+                def end_streams() -> None:
+                    http.shutdown()
+                    stop = getattr(http.app, "_stop_requested", None)
+                    if stop is not None:
+                        stop.set()
+
+                try:  # from a signal handler: hand the work to the loop rather than run it mid-step
+                    asyncio.get_running_loop().call_soon_threadsafe(end_streams)
+                except RuntimeError:
+                    end_streams()
                 super().handle_exit(sig, frame)
 
         config = uvicorn.Config(self, host=host, port=port, log_level="warning", lifespan="off",
