@@ -31,15 +31,17 @@ def _describe_validation(err: ValidationError) -> str:
 def validate(signal: Signal, value: Any) -> Any:
     """The JSON-ready value after the signal's schema accepted it (raises OKE1250)."""
     schema = signal.schema
+    # Dump by alias: the stored JSON must be what the schema accepts again when the handler's
+    # payload is re-validated (a field `user_id` with alias "userId" validates only as "userId").
     try:
         if schema is None:
-            return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            return value.model_dump(mode="json", by_alias=True) if isinstance(value, BaseModel) else value
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             if isinstance(value, BaseModel) and not isinstance(value, schema):
-                value = value.model_dump(mode="json")
-            return schema.model_validate(value).model_dump(mode="json")
+                value = value.model_dump(mode="json", by_alias=True)
+            return schema.model_validate(value).model_dump(mode="json", by_alias=True)
         if isinstance(schema, TypeAdapter):
-            return schema.dump_python(schema.validate_python(value), mode="json")
+            return schema.dump_python(schema.validate_python(value), mode="json", by_alias=True)
         return schema(value)
     except ValidationError as err:
         raise _schema_failure(signal, _describe_validation(err)) from err
