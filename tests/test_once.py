@@ -6,11 +6,12 @@ Every test runs a real app on a real database (`db_url`) and asserts on the stor
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import threading
 
 import pytest
-from pydantic import BaseModel, EmailStr, TypeAdapter
+from pydantic import BaseModel, EmailStr, Field, TypeAdapter
 
 from engine import OkeError, flow, oke, on, signal
 from engine.ids import now_ms
@@ -244,6 +245,32 @@ async def test_handler_gets_a_model_for_a_pydantic_schema_else_decoded_json(db_u
     assert got["numbers"] == [1, 2]
     assert got["plain"] == [{"nested": [1, {"x": None}], "s": "é\u0000"}, None]
     assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 4
+
+
+class Aliased(BaseModel):
+    user_id: int = Field(alias="userId")
+    when: datetime.date
+    tags: tuple[str, ...] = ()
+
+
+async def test_a_model_with_aliases_round_trips_to_the_handler(db_url):
+    """The stored JSON is what the schema accepts again: the handler gets the model, not a failure."""
+    jobs = signal.once("jobs", schema=Aliased, retries=0)
+    adapted = signal.once("adapted", schema=TypeAdapter(Aliased), retries=0)
+    got = []
+    on(jobs, flow("w", do=lambda p, fx: got.append(p)))
+    on(adapted, flow("w.adapted", do=lambda p, fx: got.append(p)))
+    async with oke("t", database_url=db_url) as app:
+        first = await app.emit(jobs, {"userId": 7, "when": "2026-01-31", "tags": ["a"]})
+        await app.emit(jobs, Aliased(userId=8, when=datetime.date(2026, 2, 1)))
+        await app.drain()
+        await app.emit(adapted, {"userId": 9, "when": "2026-03-01"})
+        await app.drain()
+    assert got == [Aliased(userId=7, when=datetime.date(2026, 1, 31), tags=("a",)),
+                   Aliased(userId=8, when=datetime.date(2026, 2, 1)),
+                   {"userId": 9, "when": "2026-03-01", "tags": []}]
+    assert json.loads((await _row(db_url, first))["payload"]) == {"userId": 7, "when": "2026-01-31", "tags": ["a"]}
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 3
 
 
 async def test_payload_round_trips_byte_for_byte(db_url):
