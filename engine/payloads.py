@@ -70,9 +70,9 @@ def encode(signal: Signal, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
 
 def decode(signal: Signal, text: str) -> Any:
     """The value a handler receives: a model instance for a pydantic model, else decoded JSON."""
-    value = json.loads(text)
     schema = signal.schema
     if isinstance(schema, type) and issubclass(schema, BaseModel):
-        return schema.model_validate(value)
-    return value
+        # JSON mode: a strict model accepts its own JSON (a date as "2026-01-31") only from JSON
+        return schema.model_validate_json(text)
+    return json.loads(text)
 
