@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import decimal
 import json
 import threading
 
 import pytest
-from pydantic import BaseModel, EmailStr, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, EmailStr, Field, TypeAdapter
 
 from engine import OkeError, flow, oke, on, signal
 from engine.ids import now_ms
@@ -271,6 +272,27 @@ async def test_a_model_with_aliases_round_trips_to_the_handler(db_url):
                    {"userId": 9, "when": "2026-03-01", "tags": []}]
     assert json.loads((await _row(db_url, first))["payload"]) == {"userId": 7, "when": "2026-01-31", "tags": ["a"]}
     assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 3
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+    when: datetime.date
+    amount: decimal.Decimal
+    n: int
+
+
+async def test_a_strict_model_round_trips_to_the_handler(db_url):
+    """Stored JSON is re-validated as JSON: a strict model's date and Decimal come back from strings."""
+    jobs = signal.once("jobs", schema=Strict, retries=0)
+    got = []
+    on(jobs, flow("w", do=lambda p, fx: got.append(p)))
+    sent = Strict(when=datetime.date(2026, 1, 31), amount=decimal.Decimal("12.50"), n=3)
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs, sent)
+        await app.emit(jobs, {"when": datetime.date(2026, 2, 1), "amount": decimal.Decimal("1"), "n": 4})
+        await app.drain()
+    assert got == [sent, Strict(when=datetime.date(2026, 2, 1), amount=decimal.Decimal("1"), n=4)]
+    assert await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'delivered'") == 2
 
 
 async def test_payload_round_trips_byte_for_byte(db_url):
