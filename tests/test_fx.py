@@ -155,6 +155,34 @@ async def test_fx_dead_letters_with_the_read_declared(db_url):
     assert all(isinstance(f, Failure) and t0 <= f.at <= t1 for f in dead.failures)
 
 
+async def test_a_dead_letter_keeps_the_run_that_emitted_it(db_url):
+    orders = signal.once("orders")
+    emails = signal.once("emails", retries=0)
+    seen = {}
+
+    @on(orders)
+    @flow("w.orders")
+    async def place(payload, fx):
+        seen["run"] = fx.run_id
+        seen["child"] = await fx.emit(emails, {"to": "a@b.co"}, key="usr_9")
+
+    @on(emails)
+    @flow("w.emails")
+    async def send(payload, fx):
+        raise Declined("mailbox full")
+
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(orders)
+        await app.drain()
+        from engine import ops
+        [dead] = await ops.dead_letters(app.store, "emails")
+    assert (dead.id, dead.parent_run_id, dead.key, dead.payload, dead.attempts) == \
+        (seen["child"], seen["run"], "usr_9", {"to": "a@b.co"}, 1)
+    assert ops.to_json(dead)["failures"][0]["code"] == "E_DECLINED"
+    assert set(ops.to_json(dead)) >= {"id", "signal", "key", "payload", "attempts", "failures", "created_at",
+                                      "parent_run_id", "status"}
+
+
 async def test_fx_dead_letters_without_the_read_is_oke1001(db_url):
     jobs = signal.once("tasks.email", retries=0)
     audit = signal.once("audit", retries=0)
