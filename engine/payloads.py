@@ -14,6 +14,13 @@ from .errors import OkeError
 from .signals import Signal
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# Containers nested deeper than this are refused at emit: every reader of the stored JSON (the
+# worker, the SSE hub, the console's renderers, other languages' parsers such as serde_json's
+# default 128) recurses per level, and a payload must not be storable yet unreadable.
+MAX_DEPTH = 128
+# json.dumps expands a value that holds one big string or list many times; past this many times
+# the limit (a lower bound of the encoded size) the payload is refused without encoding it.
+_EXPANSION_GUARD = 8
 
 
 def _schema_failure(signal: Signal, detail: str) -> OkeError:
@@ -55,6 +62,12 @@ def encode(signal: Signal, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     """Validate and encode a payload as JSON text, refusing what JSON cannot carry."""
     checked = validate(signal, value)
     try:
+        _check_tree(checked, max_bytes)
+    except _Shape as err:
+        steps = [f"[{step!r}]" for step in reversed(err.path)]
+        where = "payload" + "".join(steps if len(steps) <= 8 else steps[:6] + ["…"] + steps[-1:])
+        raise _schema_failure(signal, err.detail.replace("{where}", where)) from None
+    try:
         text = json.dumps(checked, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as err:
         raise _schema_failure(signal, f"payload is not JSON-serializable ({type(err).__name__}: {err})") from err
@@ -66,6 +79,83 @@ def encode(signal: Signal, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     except UnicodeEncodeError as err:
         raise _schema_failure(signal, f"payload holds a lone surrogate character ({err.reason})") from err
     return text
+
+
+class _Shape(Exception):
+    """What `_check_tree` found; `path` collects the keys and indexes on the way out."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.path: list[Any] = []
+
+
+def _check_tree(value: Any, max_bytes: int) -> None:
+    """Refuse, before encoding, what JSON text would not carry faithfully or the limits refuse.
+
+    - object keys must be strings: json.dumps turns 1 into "1" (and {1: a, "1": b} into a
+      duplicate key, of which the handler would get one);
+    - at most MAX_DEPTH nested containers, and no container inside itself;
+    - a lower bound of the encoded size: a value sharing one large string or list many times would
+      expand without bound in json.dumps, so past _EXPANSION_GUARD times the limit it stops here.
+    Anything else (numbers, NaN, sets, objects) is left to json.dumps and its own messages.
+    """
+    cap = max_bytes * _EXPANSION_GUARD
+    size = 0
+    on_path: set[int] = set()
+    containers = (dict, list, tuple)
+
+    def walk(item: Any, depth: int) -> None:  # item is a container; scalars are counted inline
+        nonlocal size
+        if depth >= MAX_DEPTH:
+            raise _Shape(f"{{where}} nests deeper than {MAX_DEPTH} levels")
+        ident = id(item)
+        if ident in on_path:
+            raise _Shape("{where} contains itself (a circular reference)")
+        on_path.add(ident)
+        size += 2
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise _Shape(f"{{where}} has a key that is not a string ({type(key).__name__} "
+                                 f"{_short(key)}); JSON object keys are strings")
+                size += len(key) + 4
+                if isinstance(child, str):
+                    size += len(child) + 2
+                elif isinstance(child, containers):
+                    try:
+                        walk(child, depth + 1)
+                    except _Shape as err:
+                        err.path.append(key)
+                        raise
+                else:
+                    size += 1
+        else:
+            for index, child in enumerate(item):
+                if isinstance(child, str):
+                    size += len(child) + 3
+                elif isinstance(child, containers):
+                    try:
+                        walk(child, depth + 1)
+                    except _Shape as err:
+                        err.path.append(index)
+                        raise
+                else:
+                    size += 2
+        on_path.discard(ident)
+        if size > cap:
+            raise _Shape(f"payload is more than {cap} bytes; the limit is {max_bytes} bytes")
+
+    if isinstance(value, containers):
+        walk(value, 0)
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = object.__repr__(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def decode(signal: Signal, text: str) -> Any:
