@@ -20,7 +20,7 @@ from ..signals import Signal
 from ..store import schema
 
 TAPE_CHANNEL = "oke_tape"
-_CURSOR = re.compile(r"^([0-9a-z]{1,40})\.(0|[1-9][0-9]{0,17})$")
+_CURSOR = re.compile(r"([0-9a-z]{1,40})\.(0|[1-9][0-9]{0,17})")  # fullmatch: "$" allows a final "\n"
 t = schema.tapes
 e = schema.tape_events
 
@@ -172,7 +172,7 @@ def read_last(conn: Connection, signal: str, count: int) -> list[TapeEvent]:
 def check_cursor(tape: TapeState | None, cursor: str) -> tuple[int | None, Gap | None]:
     """The seq to resume after, or the gap that makes `cursor` impossible to honour."""
     first_id = tape.event_id(tape.first_seq) if tape and tape.first_seq is not None else None
-    match = _CURSOR.match(cursor)
+    match = _CURSOR.fullmatch(cursor)
     if match is None:
         return None, Gap("malformed", first_id, None)
     if tape is None or match.group(1) != tape.epoch:
