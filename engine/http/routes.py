@@ -94,7 +94,10 @@ class Route:
 
 
 def live_path(signal_name: str) -> str:
-    return LIVE_PREFIX + quote(signal_name, safe="")
+    """`/_oke/live/` and the name percent-encoded; "." and ".." as %2E (a bare dot segment is
+    normalised away by every client, so it could never be asked for)."""
+    encoded = quote(signal_name, safe="")
+    return LIVE_PREFIX + (encoded.replace(".", "%2E") if encoded in (".", "..") else encoded)
 
 
 class _Http:

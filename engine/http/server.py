@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 MAX_TAIL = 10_000
+_TAIL = re.compile(r"[0-9]{1,9}")
 
 
 def envelope(status: int, code: str, message: str, data: dict[str, Any] | None = None,
@@ -94,12 +95,22 @@ def _segments(raw_path: str) -> list[str] | None:
     Splitting before decoding keeps an encoded slash inside its segment (a param may hold one);
     empty segments (`//`, a trailing `/`) and dot segments (`.`, `..`, also when encoded) are
     refused outright rather than normalised, so no spelling of a path reaches another route.
+    One exception: the name in `/_oke/live/{name}` may be an encoded `%2E` or `%2E%2E`, the only
+    spelling by which a signal named "." or ".." can be asked for (clients normalise a bare `..`
+    away); it names a declared signal, never a place in the path.
     """
     if not raw_path.startswith("/"):
         return None
-    segments = [unquote(seg, errors="strict") for seg in raw_path[1:].split("/")]
-    if raw_path != "/" and any(seg in ("", ".", "..") or "\x00" in seg for seg in segments):
-        return None
+    raw = raw_path[1:].split("/")
+    segments = [unquote(seg, errors="strict") for seg in raw]
+    if raw_path == "/":
+        return segments
+    firehose_name = len(segments) == 3 and segments[0] == "_oke" and segments[1] == "live"
+    for index, (spelled, seg) in enumerate(zip(raw, segments)):
+        if seg == "" or "\x00" in seg or spelled in (".", ".."):
+            return None
+        if seg in (".", "..") and not (firehose_name and index == 2):
+            return None
     return segments
 
 
@@ -378,7 +389,9 @@ def _tail(request: Request) -> int | None:
     tail = request.query_params.get("tail")
     if tail is None:
         return None
-    if not tail.isdigit() or int(tail) > MAX_TAIL:
+    # ASCII digits only, and few: str.isdigit() admits "²" (int() then raises) and int() refuses
+    # more than 4,300 digits; either was a 500
+    if _TAIL.fullmatch(tail) is None or int(tail) > MAX_TAIL:
         raise _BadRequest(f"tail must be an integer from 0 to {MAX_TAIL}")
     return int(tail)
 
