@@ -50,6 +50,20 @@ async def test_fx_emit_stamps_the_parent_run_and_returns_the_stored_id(db_url):
     assert any(r[1] == seen["child_id"] and r[2] == seen["order_run"] and r[3] == "w.receipts" for r in runs)
 
 
+async def test_a_lambda_handler_may_return_fx_emit(db_url):
+    """A sync handler runs in a thread; the awaitable it returns is awaited on the loop."""
+    orders = signal.once("orders")
+    receipts = signal.once("receipts", optional=True)
+    on(orders, flow("w.orders", do=lambda payload, fx: fx.emit(receipts, {"for": payload}, key="k")))
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(orders, 42)
+        await app.drain()
+    rows = await fetch(db_url, "SELECT signal, payload, key, status FROM oke_messages ORDER BY seq")
+    assert rows == [("orders", "42", None, "delivered"), ("receipts", '{"for":42}', "k", "pending")]
+    [(parent,)] = await fetch(db_url, "SELECT parent_run_id FROM oke_messages WHERE signal = 'receipts'")
+    assert await fetch(db_url, "SELECT flow FROM oke_runs WHERE run_id = $1", parent) == [("w.orders",)]
+
+
 async def test_fx_emit_is_checked_like_app_emit(db_url):
     orders = signal.once("orders", retries=0)
     lonely = signal.once("lonely")
