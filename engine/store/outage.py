@@ -18,6 +18,9 @@ _OUTAGES: tuple[type[BaseException], ...] = (
     OperationalError, InterfaceError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
     asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
+    # A pooled connection whose server sent FATAL (shutdown) while it sat idle fails its next BEGIN
+    # with "cannot switch to state 15; another operation (2) is in progress": nothing was sent.
+    asyncpg.exceptions.InternalClientError,
 )
 
 

@@ -81,6 +81,7 @@ SELECT r.run_id, r.flow, r.signal, r.signal, r.message_id, r.parent_run_id, r.st
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
               $8::bigint[], $9::bigint[], $11::text[])
        AS r(run_id, flow, signal, message_id, parent_run_id, status, attempt, started_at, ended_at, error)
+ON CONFLICT (run_id) DO NOTHING
 """
 
 _INSERT = """
@@ -176,7 +177,7 @@ class PostgresStore(Store):
                 [r.retries for r in rows], [r.dead_letter for r in rows], [r.created_at for r in rows],
                 [r.parent_run_id for r in rows])
         keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
-        async with self.pool.acquire() as conn:
+        async with _acquire(self.pool) as conn:
             if keys:
                 async with conn.transaction():
                     await conn.execute(_KEY_LOCKS, keys)
@@ -187,7 +188,7 @@ class PostgresStore(Store):
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
-        async with self.pool.acquire() as conn:
+        async with _acquire(self.pool) as conn:
             rows = await conn.fetch(_CLAIM, worker_id, lease_ms, limit, list(queues))
         return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
 
@@ -196,7 +197,7 @@ class PostgresStore(Store):
         now = now_ms()
         oks = [o for o in outcomes if o.ok]
         held_seqs: set[int] = set()
-        async with self.pool.acquire() as conn:
+        async with _acquire(self.pool) as conn:
             async with conn.transaction():
                 if oks:
                     rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
@@ -241,6 +242,33 @@ class PostgresStore(Store):
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
         return self._listener
+
+
+class _acquire:
+    """`pool.acquire()`, except that a connection which breaks on its way back to the pool does not
+    turn a finished call into an error.
+
+    When the server goes away, asyncpg's reset-on-release can fail after the body has committed
+    (e.g. `InternalClientError: cannot switch to state 15`), and `pool.acquire()`'s context would
+    raise that instead: a settled batch looked unsettled (its handlers re-ran after the lease), a
+    stored emit looked failed, claimed rows were dropped. The pool has already terminated such a
+    connection and opens a new one on the next acquire; the body's own error, if any, is kept.
+    """
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        self.conn = await self.pool.acquire()
+        return self.conn
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        try:
+            await self.pool.release(self.conn)
+        except Exception as err:
+            log.warning("a PostgreSQL connection broke on release (%s: %s); it was discarded",
+                        type(err).__name__, err)
 
 
 def _ensure_schema_locked(conn: Connection) -> None:
