@@ -78,6 +78,7 @@ class WorkerPool:
         self.settle_count = 0  # finished settles; drain compares it across a claim
         self.settling = False
         self.stopping = False
+        self.store_back = asyncio.Event()  # set by each successful claim: cuts a settle back-off short
 
     async def run(self, until_idle: bool = False) -> None:
         if not self.queues:
@@ -121,11 +122,13 @@ class WorkerPool:
             try:
                 batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
                 backoff = 0.05
+                self.store_back.set()
             except Exception as err:
                 if not is_outage(err):
                     raise
                 log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
-                await _sleep_or(stop, backoff)
+                # a wake-up (the LISTEN connection is back, a local emit landed) cuts the back-off short
+                await _wait_any(stop, waker.event, timeout=backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             for claimed in batch:
@@ -193,6 +196,7 @@ class WorkerPool:
                 continue
             batch, self.pending_outcomes = self.pending_outcomes, []
             self.settling = True
+            self.store_back.clear()
             try:
                 await self.store.settle(self.app.worker_id, batch)
                 backoff = 0.05
@@ -205,7 +209,9 @@ class WorkerPool:
                     continue
                 log.warning("settle failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
                 self.pending_outcomes[:0] = batch
-                await asyncio.sleep(backoff)
+                # retry when a claim gets through (the store is back) rather than sleeping out the
+                # back-off: an outcome left unsettled past its lease is re-run by the next claimer
+                await _wait_any(self.store_back, timeout=backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 if self.stopping and backoff >= MAX_BACKOFF_S:
                     log.error("giving up settling %d outcomes at stop; they will be reclaimed", len(batch))
@@ -214,13 +220,6 @@ class WorkerPool:
                 self.settling = False
                 self.settle_count += 1
             self.settled.set()
-
-
-async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
