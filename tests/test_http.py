@@ -699,16 +699,20 @@ async def test_a_wipe_under_an_open_stream_ends_it_and_its_cursor_is_reset(db_ur
         async with sse(c, url, AUTH) as before:
             assert [f.id for f in await before.events(1)] == [old]
             new_epoch = await app.store.write(lambda conn: live.wipe(conn, "order-status"))
-            fresh = await app.emit(status, {"n": 2})
-            assert fresh == f"{new_epoch}.2"
-            # the old stream never shows a new-epoch event under its old epoch: it ends instead
-            rest = await before.rest(5)
-            assert [f.raw for f in rest] == [b"data: [DONE]\n\n"]
+            # a stream opened right after the wipe shares the hub, but is on the new epoch
+            async with sse(c, url, AUTH) as after:
+                # the old stream learns of the reset without waiting for an event (the hub's 1 s poll
+                # at worst) and ends; it never shows a new-epoch event under an old-epoch id
+                rest = await before.rest(5)
+                assert [f.raw for f in rest] == [b"data: [DONE]\n\n"]
+                fresh = await app.emit(status, {"n": 2})
+                assert fresh == f"{new_epoch}.2"
+                assert [f.id for f in await after.events(1)] == [fresh]  # the new-epoch stream lives on
         response = await c.get(url, headers={**AUTH, "Last-Event-ID": old})
         assert response.status_code == 410
         assert response.json()["error"]["data"]["reason"] == "reset"
-        async with sse(c, url, AUTH) as after:
-            assert [f.id for f in await after.events(1)] == [fresh]
+        async with sse(c, url, AUTH) as again:
+            assert [f.id for f in await again.events(1)] == [fresh]
             later = await app.emit(status, {"n": 3})
-            assert [f.id for f in await after.events(1)] == [later]
+            assert [f.id for f in await again.events(1)] == [later]
             assert later.startswith(new_epoch + ".")

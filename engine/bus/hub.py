@@ -23,6 +23,7 @@ QUEUE_BATCHES = 256
 
 
 DONE = "done"  # put in a queue when the server shuts down
+RESET = "reset"  # put in every queue when the tape's epoch changed (wipe, restore)
 
 
 class Subscription:
@@ -40,7 +41,7 @@ class Subscription:
             self.queue.get_nowait()
             self.queue.put_nowait(DONE)
 
-    def offer(self, batch: list[live.LiveItem]) -> None:
+    def offer(self, batch: list[live.LiveItem] | str) -> None:
         if self.dropped:
             return
         try:
@@ -98,11 +99,18 @@ class TapeHub:
                 else:
                     while True:
                         after = self.last_seq
-                        epoch, events = await self.store.read(lambda c: live.read_since(c, self.signal, after))
+                        epoch, head, events = await self.store.read(
+                            lambda c: live.read_since(c, self.signal, after))
                         if epoch is not None and epoch != self.epoch:
-                            # wiped or restored: label new events with the new epoch; streams still on
-                            # the old one see the change and end, so their clients learn of the reset
+                            # wiped or restored: label new events with the new epoch, and tell every
+                            # stream; those still on the old epoch end, so their clients learn of the
+                            # reset (410) now rather than at the next event
                             self.epoch = epoch
+                            for sub in list(self.subscribers):
+                                sub.offer(RESET)
+                            if head < self.last_seq:  # a restore may have rolled the head back
+                                self.last_seq = head
+                                continue
                         if not events:
                             break
                         self.last_seq = events[-1].seq

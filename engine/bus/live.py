@@ -156,10 +156,12 @@ def read_after(conn: Connection, signal: str, after_seq: int, limit: int = 1000)
 
 
 def read_since(conn: Connection, signal: str, after_seq: int, limit: int = 1000
-               ) -> tuple[str | None, list[TapeEvent]]:
-    """The tape's current epoch and its retained events after `after_seq`, in one transaction."""
-    epoch = conn.execute(select(t.c.epoch).where(t.c.signal == signal)).scalar()
-    return epoch, read_after(conn, signal, after_seq, limit)
+               ) -> tuple[str | None, int, list[TapeEvent]]:
+    """The tape's current epoch and head, and its retained events after `after_seq`, in one transaction."""
+    row = conn.execute(select(t.c.epoch, t.c.head).where(t.c.signal == signal)).first()
+    if row is None:
+        return None, 0, []
+    return row.epoch, row.head, read_after(conn, signal, after_seq, limit)
 
 
 def read_last(conn: Connection, signal: str, count: int) -> list[TapeEvent]:

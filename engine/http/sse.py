@@ -11,7 +11,7 @@ import asyncio
 from typing import Any, AsyncIterator, Callable
 
 from ..bus import live
-from ..bus.hub import DONE, HubRegistry, Subscription
+from ..bus.hub import DONE, RESET, HubRegistry, Subscription
 from ..store import Store
 
 HEARTBEAT_S = 15.0
@@ -137,6 +137,10 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
                 continue
             if batch == DONE:
                 break
+            if batch == RESET:
+                if hub.epoch != epoch:
+                    break  # the tape was reset under this stream: end it; the client's resume gets 410 reset
+                continue
             if batch is None:  # too slow for the hub: rejoin, and catch up from the store
                 old_hub, old = hub, sub
                 hub = hubs.hub(signal)  # the registry's hub, even if the old one was forgotten
