@@ -716,3 +716,46 @@ async def test_a_wipe_under_an_open_stream_ends_it_and_its_cursor_is_reset(db_ur
             later = await app.emit(status, {"n": 3})
             assert [f.id for f in await again.events(1)] == [later]
             assert later.startswith(new_epoch + ".")
+
+
+async def test_a_stream_too_slow_for_the_hub_catches_up_from_the_store(db_url, monkeypatch):
+    from engine.bus import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "QUEUE_BATCHES", 4)  # a small queue, so a stalled reader is dropped
+    status = declare()
+    app = oke("shop", database_url=db_url)
+    blob = "x" * 60_000
+    async with app, serving(app) as base:
+        port = port_of(base)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET /_oke/live/order-status HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Authorization: Bearer s3cret\r\n\r\n")
+            await writer.drain()
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            # the client reads nothing while ~9 MB go out: the socket fills, the stream blocks on send,
+            # its queue overflows and the hub drops it
+            ids = []
+            for i in range(150):
+                ids.append(await app.emit(status, {"n": i, "blob": blob}))
+                if i % 10 == 0:
+                    await asyncio.sleep(0.01)  # let the hub read between emits: many small batches
+            subs = [s for h in app.asgi._hubs.hubs.values() for s in h.subscribers]
+            dropped = [s for s in subs if s.dropped]
+            assert dropped, "the stalled stream should have been dropped by the hub"
+            # now read everything: exactly every event once, in order, then silence
+            body = b""
+            seen: list[str] = []
+            async with asyncio.timeout(30):
+                while len(seen) < len(ids):
+                    body += await reader.read(1 << 20)
+                    seen = [line[4:].decode() for line in body.split(b"\n") if line.startswith(b"id: ")]
+            assert seen == ids
+            assert not [s for h in app.asgi._hubs.hubs.values() for s in h.subscribers if s.dropped]
+            later = await app.emit(status, {"n": "later"})
+            async with asyncio.timeout(10):
+                while later.encode() not in body:
+                    body += await reader.read(1 << 20)
+            assert [line[4:].decode() for line in body.split(b"\n") if line.startswith(b"id: ")] == ids + [later]
+        finally:
+            writer.close()
