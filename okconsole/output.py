@@ -19,6 +19,8 @@ from rich.tree import Tree
 from engine.ops import (AuditEntry, DeadLetter, FailureGroup, MessageDetail, MessageRow, Purged, PurgePreview,
                         Replayed, ReplayPreview, RunNode, SignalStats, to_json)
 
+from . import fmt
+
 STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "bold red",
                 "succeeded": "green", "failed": "red", "lease_lost": "magenta", "unknown": "dim"}
 PIPE_WIDTH = 200  # a pipe has no width: do not squeeze tables into 80 columns
@@ -46,21 +48,7 @@ def when(ms: int | None) -> str:
 
 
 def duration(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {sec}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
+    return "-" if ms is None else fmt.span(ms)
 
 
 def status(text: str) -> str:

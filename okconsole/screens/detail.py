@@ -106,12 +106,19 @@ class DetailScreen(ConsoleScreen):
         if isinstance(data, dict) and data.get("message") and data["message"] != self.message_id:
             self.console.open_detail(data["message"])
 
-    def action_replay(self) -> None:
+    def _replayable(self) -> Any:
+        """The message when it can be replayed from here (dead, console writable), else None."""
         d = self.detail
         if d is None or self.refuse_write():
-            return
+            return None
         if d.status != "dead":
             self.notify(f"only dead letters can be replayed; this one is {d.status}", severity="warning")
+            return None
+        return d
+
+    def action_replay(self) -> None:
+        d = self._replayable()
+        if d is None:
             return
 
         def confirmed(yes: bool | None) -> None:
@@ -122,11 +129,8 @@ class DetailScreen(ConsoleScreen):
                              confirmed)
 
     def action_edit(self) -> None:
-        d = self.detail
-        if d is None or self.refuse_write():
-            return
-        if d.status != "dead":
-            self.notify(f"only dead letters can be replayed; this one is {d.status}", severity="warning")
+        d = self._replayable()
+        if d is None:
             return
 
         def edited(result: Any) -> None:
