@@ -65,14 +65,40 @@ def _check_sqlite_file(url: str) -> None:
         parsed = make_url(url)
     except ArgumentError:
         return  # make_store reports a bad url
+    except ValueError as err:  # e.g. a port that is not a number: make_url raises int()'s error
+        fail(1, f"not a database url: {url!r} ({err})")
     if parsed.get_backend_name() != "sqlite":
         return
     path = parsed.database or ""
     if path in ("", ":memory:") or path.startswith("file:"):
         return
-    if not Path(path).expanduser().exists():
+    try:
+        exists = Path(path).expanduser().exists()
+    except (OSError, ValueError) as err:  # a name too long for the file system, a NUL
+        fail(1, f"cannot open SQLite store {path}: {getattr(err, 'strerror', None) or err}")
+    if not exists:
         fail(1, f"no store at {path}: the SQLite file does not exist "
                 f"(pass --db URL or set OKE_DATABASE_URL)")
+
+
+def check_arguments(ctx: Any) -> None:
+    """Refuse a text argument no store can be asked about: a NUL, or bytes that were not UTF-8
+    (Python hands those over as lone surrogates). Exit 2 naming the argument, before any query."""
+    while ctx is not None:
+        for param in ctx.command.params:
+            values = ctx.params.get(param.name or "")
+            for value in values if isinstance(values, (list, tuple)) else [values]:
+                if not isinstance(value, str):
+                    continue
+                label = (param.opts[0] if getattr(param, "param_type_name", "") == "option"
+                         else (param.metavar or str(param.name).upper()).strip("[].") or str(param.name))
+                if "\x00" in value:
+                    fail(2, f"{label}: contains a NUL character")
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    fail(2, f"{label}: {ascii(value)[:80]} is not valid UTF-8 text")
+        ctx = ctx.parent
 
 
 async def _with_store(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
@@ -103,6 +129,8 @@ def run(state: State, fn: Callable[[Store], Awaitable[T]]) -> T:
         fail(1, f"store error ({_target(state.db)}): {type(err).__name__}: {err}")
     except ValueError as err:
         fail(2, str(err))
+    except OverflowError as err:  # a number no store column can hold
+        fail(2, f"a number is out of range: {err}")
     except Exception as err:
         if _is_driver_error(err):
             fail(1, f"store error ({_target(state.db)}): {type(err).__name__}: {err}")
@@ -130,12 +158,17 @@ DB_OPTION: Any = typer.Option(None, "--db", metavar="URL",
 
 def state_of(ctx: typer.Context, db: str | None = None) -> State:
     """The global options, with a command's own `--db` (given after the command name) winning."""
+    check_arguments(ctx)
     obj = ctx.find_root().obj
     if not isinstance(obj, State):  # a command invoked without the root callback (tests)
         obj = State(db=resolve_url(None), read_only=False, actor=None)
     if db:
         obj = State(db=db, read_only=obj.read_only, actor=obj.actor)
     return obj
+
+
+# --limit N beyond this reads as "all of them": a larger N overflows the stores' 64-bit LIMIT
+MAX_LIMIT = 1_000_000_000
 
 
 def _writes(state: State, command: str) -> None:
@@ -169,7 +202,7 @@ def _rate(text: str | None) -> float | None:
         return None
     match = _RATE.match(text)
     value = float(match.group(1)) / _PER[match.group(2)] if match else 0.0
-    if not match or value <= 0:
+    if not match or not 0 < value < float("inf"):  # 400 nines parse as inf
         fail(2, f'--rate: "{text}" is not a rate: use messages per second like 50/s (or 600/m)')
     return value
 
@@ -221,6 +254,7 @@ def messages(
     """Messages of SIGNAL, newest first."""
     if status is not None and status not in ops.STATUSES:
         fail(2, f'--status: unknown status "{status}" (one of: {", ".join(ops.STATUSES)})')
+    limit = min(limit, MAX_LIMIT)
     rows = run(state_of(ctx, db), lambda store: ops.messages(store, signal, status=status, key=key, limit=limit))
     if as_json:
         output.print_json(rows)
@@ -262,7 +296,7 @@ def dlq(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Dead letters of SIGNAL, newest first, with every failure."""
-    shown = limit if limit is not None or as_json else HUMAN_DLQ_LIMIT
+    shown = min(limit, MAX_LIMIT) if limit is not None else None if as_json else HUMAN_DLQ_LIMIT
 
     async def go(store: Store) -> list[ops.DeadLetter]:
         await _require_signal(store, signal)
@@ -303,7 +337,7 @@ def audit(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The operator audit log: who replayed or purged what, when and why."""
-    rows = run(state_of(ctx, db), lambda store: ops.audit(store, limit))
+    rows = run(state_of(ctx, db), lambda store: ops.audit(store, min(limit, MAX_LIMIT)))
     if as_json:
         output.print_json(rows)
     else:
