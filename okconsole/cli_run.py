@@ -5,7 +5,9 @@ Registered on the Typer app of `okconsole.cli` (imported at its end).
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
+import math
 import os
 import socket
 import sys
@@ -21,20 +23,30 @@ from .demo import DEMO_PORT
 
 
 def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+    return _bind_error(host, port) is None
+
+
+def _bind_error(host: str, port: int) -> BaseException | None:
+    """Why binding host:port fails now, or None."""
+    try:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
-        except OSError:
-            return False
-    return True
+    except (OSError, ValueError, TypeError, UnicodeError) as err:  # NUL or non-IDNA host: not OSError
+        return err
+    return None
 
 
 def _check_port(host: str, port: int) -> None:
     if not 0 < port < 65536:
         fail(2, f"--port: {port} is not a TCP port (1-65535)")
-    if not port_free(host, port):
-        fail(1, f"cannot listen on {host}:{port}: the port is in use (pass --port)")
+    err = _bind_error(host, port)
+    if err is None:
+        return
+    if isinstance(err, OSError) and err.errno in (errno.EADDRINUSE, errno.EACCES):
+        reason = "the port is in use" if err.errno == errno.EADDRINUSE else "permission denied"
+        fail(1, f"cannot listen on {host}:{port}: {reason} (pass --port)")
+    fail(2, f"--host: cannot listen on {host!r}:{port}: {getattr(err, 'strerror', None) or err}")
 
 
 def run_tui(database_url: str, read_only: bool, tail_url: str | None = None, tail_token: str | None = None) -> None:
@@ -57,7 +69,7 @@ def demo(
     from .demo import DemoRunner, run_headless
 
     state = state_of(ctx, db)
-    if seconds is not None and seconds <= 0:
+    if seconds is not None and (not math.isfinite(seconds) or seconds <= 0):
         fail(2, f"--seconds: {seconds} is not a positive number of seconds")
     _check_port("127.0.0.1", port)
     try:
@@ -105,7 +117,10 @@ def load_app(target: str) -> OkeApp:
             fail(2, f'serve: "{module_name}" has no attribute "{attr}"')
         found = getattr(found, part)
     if callable(found) and not isinstance(found, OkeApp):
-        found = found()
+        try:
+            found = found()
+        except Exception as err:  # a factory that raises, or a callable that is not a factory
+            fail(2, f'serve: calling "{target}" raised {type(err).__name__}: {err}')
     if not isinstance(found, OkeApp):
         fail(2, f'serve: "{target}" is a {type(found).__name__}, not an app made by engine.oke(...)')
     return found
@@ -134,6 +149,21 @@ def serve(
         fail(2, str(err))
 
 
+def _check_url(url: str) -> None:
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as err:
+        fail(2, f"--url: {url!r} is not a URL ({err})")
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        fail(2, f"--url: {url!r} is not an http:// or https:// URL")
+
+
+def _header_safe(text: str) -> bool:
+    return text.isascii() and text.isprintable()
+
+
 @app.command()
 def tail(
     ctx: typer.Context,
@@ -153,7 +183,11 @@ def tail(
 
     if sum(map(bool, (after, from_start, from_end))) > 1:
         fail(2, "tail: choose one of --after ID, --from-start, --from-end")
-    state = state_of(ctx, db)
+    state = state_of(ctx, db)  # checks every text argument
+    if url:
+        _check_url(url)
+    if token is not None and not _header_safe(token):
+        fail(2, "--token: a bearer token is printable ASCII (it travels in an HTTP header)")
     opts = TailOptions(signal, after, from_start, from_end, count, as_json)
     printer = Printer(opts)
     try:

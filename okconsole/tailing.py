@@ -47,10 +47,12 @@ class TailFailed(RuntimeError):
 
 
 class Printer:
-    def __init__(self, opts: TailOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    def __init__(self, opts: TailOptions, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.opts = opts
-        self.out = out
-        self.err = err
+        # looked up now, not bound at import: a default of sys.stdout would keep whatever stream
+        # was current when this module was first imported (a closed one, under CliRunner)
+        self.out = out if out is not None else sys.stdout
+        self.err = err if err is not None else sys.stderr
         self.printed = 0
 
     @property
@@ -129,6 +131,11 @@ async def tail_sse(base_url: str, token: str | None, opts: TailOptions, printer:
     if not opts.after and not opts.from_start:
         tail = 0 if opts.from_end else DEFAULT_BACKLOG
     connected_once = False
+    if cursor is not None and not (cursor.isascii() and cursor.isprintable()):
+        # it cannot travel in a Last-Event-ID header; the server would call it malformed (410)
+        printer.warn(f'cursor {ascii(cursor)} cannot be resumed on "{opts.signal}" (malformed); '
+                     f"restarting from the oldest retained event")
+        cursor, tail = None, None
     while not printer.done:
         try:
             stream = client.stream(opts.signal, {}, last_event_id=cursor, tail=tail, retry_first=connected_once)
