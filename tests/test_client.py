@@ -201,7 +201,7 @@ async def test_auto_resubscribe_drops_the_cursor_and_replays_after_backoff(db_ur
             await asyncio.gather(task, return_exceptions=True)
     assert SEEN == [ids[0], None]
     backoff = SEEN_AT[1] - SEEN_AT[0]  # from the refused request to the resubscription
-    assert 0.5 <= backoff < 1.0, backoff  # the first back-off is 500 ms (plus jitter, never less)
+    assert 0.5 <= backoff < 1.4, backoff  # the first back-off: 500 ms plus jitter, never less
 
 
 async def test_live_callbacks_on_the_running_loop_and_stop(db_url):
