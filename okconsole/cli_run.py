@@ -74,9 +74,10 @@ def demo(
     _check_port("127.0.0.1", port)
     try:
         if headless:
-            typer.echo(f"okconsole demo: store {state.db}, HTTP on http://127.0.0.1:{port} "
-                       f"(token demo-token){'' if seconds is None else f', for {seconds:g}s'}", err=True)
-            asyncio.run(run_headless(state.db, seconds, port))
+            def announce() -> None:
+                typer.echo(f"okconsole demo: store {state.db}, HTTP on http://127.0.0.1:{port} "
+                           f"(token demo-token){'' if seconds is None else f', for {seconds:g}s'}", err=True)
+            asyncio.run(run_headless(state.db, seconds, port, announce))
             return
         from .app import ConsoleApp
 
@@ -179,6 +180,7 @@ def tail(
     as_json: bool = typer.Option(False, "--json", help="Print NDJSON {\"id\", \"data\"}."),
 ) -> None:
     """Follow a live tape like `tail -f`: the last 10 retained events, then new ones."""
+    from .data import StoreDown
     from .tailing import Printer, TailFailed, TailOptions, UnknownTape, tail_sse, tail_store
 
     if sum(map(bool, (after, from_start, from_end))) > 1:
@@ -201,7 +203,7 @@ def tail(
         pass
     except UnknownTape as err:
         fail(2, str(err))
-    except TailFailed as err:
+    except (TailFailed, StoreDown) as err:
         fail(1, str(err))
     except (StoreUnavailable, SchemaTooNew) as err:
         fail(1, str(err))

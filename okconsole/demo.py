@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
@@ -134,10 +134,13 @@ class DemoRunner:
         await self.app.close()
 
 
-async def run_headless(database_url: str | None, seconds: float | None, port: int = DEMO_PORT) -> None:
-    """Run the demo without the TUI for `seconds` (None: until cancelled)."""
+async def run_headless(database_url: str | None, seconds: float | None, port: int = DEMO_PORT,
+                       announce: Callable[[], None] | None = None) -> None:
+    """Run the demo without the TUI for `seconds` (None: until cancelled); `announce` runs once it is up."""
     runner = DemoRunner(database_url, port)
     await runner.start()
+    if announce is not None:
+        announce()
     try:
         if seconds is None:
             await asyncio.Event().wait()
