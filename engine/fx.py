@@ -92,7 +92,8 @@ class Fx:
             encoded = json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise TypeError(f'fx.step("{name}"): the result must be JSON-serializable ({err})') from err
-        await store.write(lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
+        recorded = await store.write(
+            lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
         # The recorded value, as a retry will get it (tuples as lists, int dict keys as strings), so
-        # every attempt sees the same thing.
-        return json.loads(encoded)
+        # every attempt sees the same thing, including a twin holder's result when it finished first.
+        return json.loads(recorded)
