@@ -125,11 +125,11 @@ def test_tail_from_store_last_ten_then_new_and_gap(sqlite_url: str):
     ids = asyncio.run(emit(range(30)))
     proc = subprocess.Popen([sys.executable, "-m", "okconsole", "--db", sqlite_url, "tail", "ticks",
                              "--count", "13", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    backlog = [proc.stdout.readline() for _ in range(10)]  # the tail is following once these are out
     asyncio.run(emit(range(30, 33)))
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    got = [json.loads(line)["data"]["n"] for line in out.splitlines()]
+    got = [json.loads(line)["data"]["n"] for line in backlog + out.splitlines()]
     assert got == list(range(20, 33))  # the last 10 retained, then the 3 new ones
     pruned = okconsole("--db", sqlite_url, "tail", "ticks", "--after", ids[2], "--count", "1")
     assert pruned.returncode == 0
