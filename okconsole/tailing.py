@@ -46,6 +46,15 @@ class TailFailed(RuntimeError):
     """The source cannot be followed (server refused, unreachable at start)."""
 
 
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _one_line_json(value: Any) -> str:
+    """JSON on one line for every reader: json.dumps leaves U+2028, U+2029 and NEL raw (valid JSON),
+    but str.splitlines() and some terminals break lines there; escaped, they decode the same."""
+    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS)
+
+
 class Printer:
     def __init__(self, opts: TailOptions, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.opts = opts
@@ -63,9 +72,9 @@ class Printer:
         if self.done:
             return
         if self.opts.as_json:
-            self.out.write(json.dumps({"id": event_id, "data": data}, ensure_ascii=False) + "\n")
+            self.out.write(_one_line_json({"id": event_id, "data": data}) + "\n")
         else:
-            self.out.write(f"{event_id}  {json.dumps(data, ensure_ascii=False)}\n")
+            self.out.write(f"{event_id}  {_one_line_json(data)}\n")
         self.out.flush()
         self.printed += 1
 
