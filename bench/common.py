@@ -1,0 +1,205 @@
+"""Shared helpers: paths, stats, JSON-lines output, CPU accounting, PostgreSQL table prep."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+PAYLOAD_BODY = "hello world"          # payload of message i: {"n": i, "body": "hello world"}
+
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
+
+
+def payload(i: int) -> dict:
+    return {"n": i, "body": PAYLOAD_BODY}
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def pct(values, q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 1] (same formula as the anchors)."""
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    f = int(k)
+    c = min(f + 1, len(v) - 1)
+    return v[f] + (v[c] - v[f]) * (k - f)
+
+
+class Recorder:
+    """Appends every raw result as one JSON line and keeps it in memory for the report."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._write({"kind": "meta", **meta})
+
+    def _write(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    def add(self, row: dict) -> dict:
+        row = {"at": round(time.time(), 3), **row}
+        self.rows.append(row)
+        self._write(row)
+        ok = row.get("verified", True)
+        rate = row.get("msgs_per_s")
+        what = row.get("label") or row.get("bench")
+        extra = f"{rate:10.0f} msgs/s" if rate is not None else \
+            f"p50 {row.get('p50_ms', 0):6.2f} ms  p99 {row.get('p99_ms', 0):6.2f} ms"
+        print(f"  {what:44} rep {row.get('rep', 0)}  {extra}  {'ok' if ok else 'VERIFY FAILED'}",
+              flush=True)
+        return row
+
+    def select(self, **match) -> list[dict]:
+        return [r for r in self.rows if all(r.get(k) == v for k, v in match.items())]
+
+
+# ---------------------------------------------------------------- CPU accounting (Linux /proc)
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / _TICK   # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+class ServerCpu:
+    """CPU seconds used by a postmaster and its live backends (backends that exit mid-window
+    are lost, so take both snapshots while the measured connections are still open)."""
+
+    def __init__(self, data_dir: str | None) -> None:
+        self.postmaster = None
+        if data_dir:
+            try:
+                with open(os.path.join(data_dir, "postmaster.pid")) as f:
+                    self.postmaster = int(f.readline())
+            except (OSError, ValueError):
+                pass
+
+    def snapshot(self) -> dict[int, float]:
+        if self.postmaster is None:
+            return {}
+        out = {self.postmaster: _proc_cpu(self.postmaster)}
+        for name in os.listdir("/proc"):
+            if name.isdigit() and _ppid(int(name)) == self.postmaster:
+                out[int(name)] = _proc_cpu(int(name))
+        return out
+
+    @staticmethod
+    def delta(before: dict[int, float], after: dict[int, float]) -> float:
+        return round(sum(v - before.get(pid, 0.0) for pid, v in after.items()), 3)
+
+
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]
+    return sum(vals) - idle, sum(vals)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Machine CPU use over a window, as cores busy (2.0 = both cores of a 2-core box)."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    return round(os.cpu_count() * busy / total, 2) if total else 0.0
+
+
+class Window:
+    """The timed window of one run: wall, this process's CPU, the PostgreSQL server's CPU, and
+    how busy the whole machine was — `foreign_cores` is CPU used by anything else (other
+    programs on a shared box), in cores; near 0 means the numbers are clean."""
+
+    def __init__(self, data_dir: str | None = None) -> None:
+        self.server = ServerCpu(data_dir) if data_dir else None
+
+    def start(self) -> "Window":
+        self.s0 = self.server.snapshot() if self.server else {}
+        self.m0 = machine_busy()
+        self.cpu0, self.t0 = time.process_time(), time.perf_counter()
+        return self
+
+    def stop(self) -> "Window":
+        self.wall = time.perf_counter() - self.t0
+        self.cpu = time.process_time() - self.cpu0
+        self.cores = busy_share(self.m0, machine_busy())
+        self.server_cpu = ServerCpu.delta(self.s0, self.server.snapshot()) if self.server else None
+        return self
+
+    def fields(self, n: int, wall: float | None = None, client_cpu: float | None = None) -> dict:
+        wall = self.wall if wall is None else wall
+        cpu = self.cpu if client_cpu is None else client_cpu
+        ours = cpu + (self.server_cpu or 0.0)
+        out = {"wall_s": round(wall, 4), "msgs_per_s": round(n / wall, 1), "client_cpu_s": round(cpu, 3),
+               "cores_busy": self.cores, "foreign_cores": round(max(0.0, self.cores - ours / wall), 2)}
+        if self.server_cpu is not None:
+            out["server_cpu_s"] = self.server_cpu
+        return out
+
+
+def wait_quiet(max_wait_s: float, threshold: float = 0.3, window_s: float = 1.0) -> float:
+    """Wait (up to max_wait_s) until the machine is nearly idle; returns the last busy reading (cores)."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        m0 = machine_busy()
+        time.sleep(window_s)
+        busy = busy_share(m0, machine_busy())
+        if busy < threshold or time.monotonic() >= deadline:
+            return busy
+
+
+async def pg_wal(dsn: str) -> dict:
+    """The server's pg_stat_wal counters (PostgreSQL ≥ 14), to report WAL bytes and fsyncs per message."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow("SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal")
+    finally:
+        await conn.close()
+    return {k: int(v) for k, v in row.items()}
+
+
+def wal_fields(before: dict, after: dict, n: int) -> dict:
+    return {"wal_bytes_per_msg": round((after["wal_bytes"] - before["wal_bytes"]) / n),
+            "wal_records_per_msg": round((after["wal_records"] - before["wal_records"]) / n, 2),
+            "wal_syncs_per_msg": round((after["wal_sync"] - before["wal_sync"]) / n, 3)}
+
+
+def proc_io_written() -> int:
+    """Bytes this process handed to write() so far (/proc/self/io wchar): SQLite's WAL traffic."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+
+
+async def pg_prepare_table(dsn: str, table: str) -> None:
+    """What every PostgreSQL contender gets after its fill and before the clock: the anchors' reset."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"VACUUM ANALYZE {table}")
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""okengine `once` benchmark against its peers, in one run, on one private PostgreSQL.
+
+    pip install -e '.[bench]'
+    python bench/once_bench.py                 # everything: about 25 minutes on 2 cores
+    python bench/once_bench.py --quick         # 2,000 messages, 1 repetition: a smoke run
+    python bench/once_bench.py --only pg --reps 5
+
+Starts a throw-away PostgreSQL (tests/pgcluster.py) and stops it at the end, also on Ctrl-C.
+Raw results go to bench/results/once-<stamp>.jsonl, the printed report to
+bench/results/once-<stamp>.txt. See bench/ONCE.md for what exactly is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+import common  # noqa: F401  (puts tests/ on sys.path)
+from common import REPO, RESULTS_DIR, Recorder, wait_quiet
+
+from pgcluster import PgCluster  # noqa: E402
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2,000 messages, 1 repetition, 100 latency samples")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per cell (default 3; the median is shown)")
+    ap.add_argument("--messages", type=int, default=None, help="messages per throughput run (default 20,000)")
+    ap.add_argument("--latency-samples", type=int, default=None, help="emits per latency run (default 500)")
+    ap.add_argument("--wait-quiet", type=float, default=60.0, metavar="S",
+                    help="before each run, wait up to S seconds for the machine to be idle (default 60; 0: no wait)")
+    ap.add_argument("--only", default="pg,sqlite,latency",
+                    help="comma list of sections: pg, sqlite, latency (default: all)")
+    a = ap.parse_args()
+    a.reps = a.reps or (1 if a.quick else 3)
+    a.messages = a.messages or (2_000 if a.quick else 20_000)
+    a.latency_samples = a.latency_samples or (100 if a.quick else 500)
+    a.only = {s.strip() for s in a.only.split(",") if s.strip()}
+    unknown = a.only - {"pg", "sqlite", "latency"}
+    if unknown:
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(unknown))} (known: pg, sqlite, latency)")
+    return a
+
+
+def meta(cluster) -> dict:
+    import asyncpg
+    import engine
+    import procrastinate
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return None
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    pg = cluster.fetch("SELECT version()")[0][0] if cluster else None
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "engine").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return {"engine_sha256": digest.hexdigest()[:12], "python": platform.python_version(), "cpu": cpu, "cores": __import__("os").cpu_count(),
+            "kernel": platform.release(), "postgres": pg, "sqlite": sqlite3.sqlite_version,
+            "asyncpg": asyncpg.__version__, "procrastinate": procrastinate.__version__,
+            "engine_file": engine.__file__, "git_head": git("rev-parse", "--short", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "engine"))}
+
+
+async def measure(rec, a, label: str, rep: int, make):
+    """Wait for a quiet machine, run one measurement (`make()` returns a coroutine or a dict), record it."""
+    quiet = wait_quiet(a.wait_quiet) if a.wait_quiet > 0 else None
+    row = make()
+    if asyncio.iscoroutine(row):
+        row = await row
+    return rec.add({**row, "rep": rep, "label": label, "busy_before": quiet})
+
+
+async def pg_throughput(rec, cluster, a):
+    from engine_runs import pg_multi, pg_single
+    from peers import procrastinate_peer, raw_pg
+
+    n = a.messages
+    cluster.create_database("bench_raw")
+    cluster.create_database("bench_proc")
+    raw_dsn, proc_dsn = cluster.dsn("bench_raw"), cluster.dsn("bench_proc")
+    await procrastinate_peer.apply_schema(proc_dsn)
+    raw_grid = [(1, 1), (8, 1), (32, 1), (8, 8), (32, 32), (1, 8), (1, 32), (4, 8)]
+    for rep in range(a.reps):   # rep-major: slow drift of the VM spreads over every contender
+        print(f"-- PostgreSQL, repetition {rep + 1}/{a.reps}", flush=True)
+        for c in (1, 8, 32):
+            await measure(rec, a, f"okengine pg C={c}", rep, lambda: pg_single(cluster, n, c))
+        await measure(rec, a, "okengine pg 4 procs x 8", rep, lambda: pg_multi(cluster, n, 4, 8))
+        for c in (1, 8, 32):
+            await measure(rec, a, f"procrastinate C={c}", rep,
+                          lambda: procrastinate_peer.run(proc_dsn, n, c, cluster.data_dir))
+        for tasks, batch in raw_grid:
+            await measure(rec, a, f"raw asyncpg {tasks} tasks x batch {batch}", rep,
+                          lambda: raw_pg.run(raw_dsn, n, tasks, batch, cluster.data_dir))
+
+
+async def sqlite_throughput(rec, a):
+    from engine_runs import sqlite_single
+    from peers import raw_sqlite
+
+    with tempfile.TemporaryDirectory(prefix="oke-bench-sqlite-", dir=None) as d:
+        for rep in range(a.reps):
+            print(f"-- SQLite, repetition {rep + 1}/{a.reps} ({d})", flush=True)
+            for c in (1, 8, 32):
+                await measure(rec, a, f"okengine sqlite C={c}", rep, lambda: sqlite_single(d, a.messages, c))
+            for b in (1, 8, 32):
+                await measure(rec, a, f"raw sqlite3 batch {b}", rep,
+                              lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))
+
+
+async def latency(rec, cluster, a):
+    from latency import engine_latency, raw_latency_run
+
+    cluster.create_database("bench_lat_raw")
+    for rep in range(a.reps):
+        print(f"-- latency, repetition {rep + 1}/{a.reps} ({a.latency_samples} emits each)", flush=True)
+        await measure(rec, a, "okengine emit→handler", rep,
+                      lambda: engine_latency(cluster, a.latency_samples, seed=rep))
+        await measure(rec, a, "raw LISTEN/NOTIFY emit→handler", rep,
+                      lambda: raw_latency_run(cluster, cluster.dsn("bench_lat_raw"), a.latency_samples, seed=rep))
+
+
+async def run_all(a, cluster, rec):
+    if "pg" in a.only:
+        await pg_throughput(rec, cluster, a)
+    if "sqlite" in a.only:
+        await sqlite_throughput(rec, a)
+    if "latency" in a.only:
+        await latency(rec, cluster, a)
+
+
+def report(a, rec, info) -> str:
+    import report as r
+
+    parts, floors = [], []
+    head = (f"okengine once benchmark — {time.strftime('%Y-%m-%d %H:%M')}, {info['cores']} cores "
+            f"({info['cpu']}), Python {info['python']}, {info['postgres'].split(' on ')[0] if info['postgres'] else ''}, "
+            f"SQLite {info['sqlite']}, asyncpg {info['asyncpg']}, procrastinate {info['procrastinate']}, "
+            f"engine at {info['git_head']}{' + uncommitted changes' if info['git_dirty'] else ''} "
+            f"(engine/*.py sha256 {info['engine_sha256']})")
+    parts.append(head)
+    for section, fn, args in (("pg", r.pg_section, (rec, a.messages, a.reps)),
+                              ("sqlite", r.sqlite_section, (rec, a.messages, a.reps)),
+                              ("latency", r.latency_section, (rec, a.latency_samples, a.reps))):
+        if section in a.only:
+            text, fl = fn(*args)
+            parts.append(text)
+            floors += fl
+    parts.append(r.floors_table(floors))
+    parts.append(r.load_note(rec.rows))
+    bad = [x for x in rec.rows if x.get("verified") is False]
+    parts.append(f"\nCorrectness: {len(rec.rows) - len(bad)} of {len(rec.rows)} runs verified "
+                 "(delivered == N, sum(attempts) == N, max(attempts) == 1)"
+                 + ("" if not bad else "; FAILED: " + ", ".join(f"{x['label']} rep {x['rep']}" for x in bad)))
+    if a.quick:
+        parts.append("(--quick: 2,000 messages and 1 repetition; not comparable with the full run's numbers)")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    a = parse_args()
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    cluster = None
+    try:
+        cluster = PgCluster(use_env=False)
+        if a.only & {"pg", "latency"}:
+            print("starting a private PostgreSQL …", flush=True)
+            cluster.start()
+            print(f"  {cluster.admin_dsn} ({cluster.data_dir})", flush=True)
+        info = meta(cluster if cluster.running else None)
+        rec = Recorder(RESULTS_DIR / f"once-{stamp}.jsonl",
+                       {**info, "messages": a.messages, "reps": a.reps, "latency_samples": a.latency_samples,
+                        "only": sorted(a.only), "quick": a.quick})
+        asyncio.run(run_all(a, cluster, rec))
+        text = report(a, rec, info)
+        print("\n" + text)
+        (RESULTS_DIR / f"once-{stamp}.txt").write_text(text + "\n")
+        print(f"\nraw results: {rec.path.relative_to(REPO)}; report: bench/results/once-{stamp}.txt")
+        return 0 if not any(x.get("verified") is False for x in rec.rows) else 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        if cluster is not None and cluster.running:
+            cluster.stop()
+            print("PostgreSQL stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The printed tables, the ratios (ours / peer, on medians) and the issue's floors."""
+from __future__ import annotations
+
+from common import median
+
+CONCS = (1, 8, 32)
+
+
+def _vals(rows, key="msgs_per_s"):
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def cell(rows, key="msgs_per_s", fmt="{:.0f}") -> str:
+    v = _vals(rows, key)
+    if not v:
+        return "—"
+    if len(v) == 1:
+        return fmt.format(v[0])
+    return f"{fmt.format(median(v))} ({fmt.format(min(v))}–{fmt.format(max(v))})"
+
+
+def med(rows, key="msgs_per_s"):
+    v = _vals(rows, key)
+    return median(v) if v else None
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def per_msg_us(rows, key) -> str:
+    v = [r[key] / r["messages"] * 1e6 for r in rows if r.get(key) is not None]
+    return f"{median(v):.0f}" if v else "—"
+
+
+def _table(title: str, header: list[str], lines: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    fmt = lambda row: "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
+    out = [title, fmt(header), fmt(["-" * w for w in widths])]
+    out += [fmt(r) for r in lines]
+    return "\n".join(out)
+
+
+def pg_section(rec, n, reps):
+    eng = {c: rec.select(bench="pg_engine", processes=1, concurrency=c) for c in CONCS}
+    mp = rec.select(bench="pg_engine", processes=4, concurrency=8)
+    proc = {c: rec.select(bench="procrastinate", concurrency=c) for c in CONCS}
+    raw = lambda t, b: rec.select(bench="pg_raw", tasks=t, batch=b)  # noqa: E731
+    hdr = ["PostgreSQL, msgs/s", *[f"C={c}" for c in CONCS]]
+    L = [
+        ["okengine: 1 process, C handlers", *[cell(eng[c]) for c in CONCS]],
+        ["procrastinate: concurrency C", *[cell(proc[c]) for c in CONCS]],
+        ["raw asyncpg: C tasks × batch 1", *[cell(raw(c, 1)) for c in CONCS]],
+        ["raw asyncpg: C tasks × batch C", "(= batch 1)", *[cell(raw(c, c)) for c in CONCS[1:]]],
+        ["raw asyncpg: 1 task × batch C", "(= batch 1)", *[cell(raw(1, c)) for c in CONCS[1:]]],
+        ["ours / procrastinate", *[ratio(med(eng[c]), med(proc[c])) for c in CONCS]],
+        ["ours / raw C×1", *[ratio(med(eng[c]), med(raw(c, 1))) for c in CONCS]],
+        ["ours / raw C×C", ratio(med(eng[1]), med(raw(1, 1))),
+         *[ratio(med(eng[c]), med(raw(c, c))) for c in CONCS[1:]]],
+        ["ours / raw 1×C", ratio(med(eng[1]), med(raw(1, 1))),
+         *[ratio(med(eng[c]), med(raw(1, c))) for c in CONCS[1:]]],
+        ["okengine mean claim | settle batch",
+         *[f"{cell(eng[c], 'mean_claim_batch', '{:.1f}')} | {cell(eng[c], 'mean_settle_batch', '{:.1f}')}"
+           for c in CONCS]],
+        ["client CPU µs/msg: ours | procr. | raw C×C",
+         *[f"{per_msg_us(eng[c], 'client_cpu_s')} | {per_msg_us(proc[c], 'client_cpu_s')} | "
+           f"{per_msg_us(raw(c, c), 'client_cpu_s')}" for c in CONCS]],
+        ["WAL bytes/msg: ours | procr. | raw C×C",
+         *[f"{cell(eng[c], 'wal_bytes_per_msg')} | {cell(proc[c], 'wal_bytes_per_msg')} | "
+           f"{cell(raw(c, c), 'wal_bytes_per_msg')}" for c in CONCS]],
+        ["WAL fsyncs/msg: ours | procr. | raw C×C",
+         *[f"{cell(eng[c], 'wal_syncs_per_msg', '{:.2f}')} | {cell(proc[c], 'wal_syncs_per_msg', '{:.2f}')} | "
+           f"{cell(raw(c, c), 'wal_syncs_per_msg', '{:.2f}')}" for c in CONCS]],
+        ["server CPU µs/msg: ours | procr. | raw C×C",
+         *[f"{per_msg_us(eng[c], 'server_cpu_s')} | {per_msg_us(proc[c], 'server_cpu_s')} | "
+           f"{per_msg_us(raw(c, c), 'server_cpu_s')}" for c in CONCS]],
+    ]
+    out = _table(f"\n1. PostgreSQL once throughput — {n:,} msgs, no-op async handler, "
+                 f"median (min–max) of {reps}", hdr, L)
+    r48 = raw(4, 8)
+    out += "\n\n" + _table("   4 worker processes × app.drain(concurrency=8), started together",
+                           ["", "msgs/s", "ratio"],
+                           [["okengine: 4 processes × 8", cell(mp), ""],
+                            ["raw asyncpg: 4 tasks × batch 8", cell(r48), f"ours/raw {ratio(med(mp), med(r48))}"],
+                            ["procrastinate: concurrency 32", cell(proc[32]),
+                             f"ours/procr. {ratio(med(mp), med(proc[32]))}"],
+                            ["okengine: 1 process, 32 handlers", cell(eng[32]),
+                             f"4 procs / 1 proc {ratio(med(mp), med(eng[32]))}"]])
+    floors = []
+    if eng[8] and proc[8]:
+        a, b = med(eng[8]), med(proc[8])
+        floors.append(("PostgreSQL, 8 handlers ≥ 5× procrastinate (concurrency 8)",
+                       f"{a:.0f} vs {b:.0f} = {a / b:.2f}×", a >= 5 * b))
+    if eng[8] and raw(8, 8):
+        a, b = med(eng[8]), med(raw(8, 8))
+        floors.append(("PostgreSQL, 8 handlers ≥ 50% of raw asyncpg at the engine's batch (8 tasks × batch 8)",
+                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+    return out, floors
+
+
+def sqlite_section(rec, n, reps):
+    eng = {c: rec.select(bench="sqlite_engine", concurrency=c) for c in CONCS}
+    raw = {c: rec.select(bench="sqlite_raw", batch=c) for c in CONCS}
+    hdr = ["SQLite (WAL, synchronous=FULL), msgs/s", *[f"C={c}" for c in CONCS]]
+    L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
+         ["raw sqlite3: batch C", *[cell(raw[c]) for c in CONCS]],
+         ["ours / raw", *[ratio(med(eng[c]), med(raw[c])) for c in CONCS]],
+         ["okengine mean claim | settle batch",
+          *[f"{cell(eng[c], 'mean_claim_batch', '{:.1f}')} | {cell(eng[c], 'mean_settle_batch', '{:.1f}')}"
+            for c in CONCS]],
+         ["process CPU µs/msg: ours | raw",
+          *[f"{per_msg_us(eng[c], 'client_cpu_s')} | {per_msg_us(raw[c], 'client_cpu_s')}" for c in CONCS]],
+         ["bytes written/msg: ours | raw",
+          *[f"{cell(eng[c], 'written_bytes_per_msg')} | {cell(raw[c], 'written_bytes_per_msg')}" for c in CONCS]]]
+    out = _table(f"\n2. SQLite once throughput — {n:,} msgs, median (min–max) of {reps}", hdr, L)
+    floors = []
+    for c in CONCS:
+        if eng[c] and raw[c]:
+            a, b = med(eng[c]), med(raw[c])
+            floors.append((f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 (batch {c})",
+                           f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+    return out, floors
+
+
+def latency_section(rec, samples, reps):
+    eng, raw = rec.select(bench="latency_engine"), rec.select(bench="latency_raw_notify")
+    f = "{:.2f}"
+    hdr = ["emit → handler start, ms", "p50", "p90", "p99", "max", "emit call p50"]
+    L = [[name, *[cell(rows, k, f) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")]]
+         for name, rows in (("okengine (app.emit → app.run worker)", eng),
+                            ("raw LISTEN/NOTIFY loop", raw))]
+    L.append(["ours / raw", *[ratio(med(eng, k), med(raw, k))
+                              for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")]])
+    out = _table(f"\n3. PostgreSQL emit → handler-start latency — {samples} single emits, random 0–100 ms "
+                 f"gaps, idle worker in another process; median (min–max) of {reps}", hdr, L)
+    floors = []
+    if eng:
+        p50, p99 = med(eng, "p50_ms"), med(eng, "p99_ms")
+        floors.append(("latency p50 < 5 ms (PostgreSQL)", f"{p50:.2f} ms", p50 < 5))
+        floors.append(("latency p99 < 20 ms (PostgreSQL)", f"{p99:.2f} ms", p99 < 20))
+    return out, floors
+
+
+def floors_table(floors) -> str:
+    if not floors:
+        return ""
+    return "\n" + _table("Floors from issue #2", ["floor", "measured (medians)", "verdict"],
+                         [[name, got, "PASS" if ok else "FAIL"] for name, got, ok in floors])
+
+
+def load_note(rows) -> str:
+    """How clean the machine was: CPU used by other programs during the timed windows."""
+    f = [r["foreign_cores"] for r in rows if r.get("foreign_cores") is not None]
+    if not f:
+        return ""
+    busy = sorted(f)
+    dirty = [r for r in rows if (r.get("foreign_cores") or 0) > 0.25]
+    text = (f"\nOther load during the timed windows (CPU not used by the benchmark or its PostgreSQL): "
+            f"median {median(busy):.2f} cores, max {busy[-1]:.2f} cores of {__import__('os').cpu_count()}")
+    if dirty:
+        text += (f"\nWARNING: {len(dirty)} of {len(f)} runs shared the machine with > 0.25 cores of other work: "
+                 + ", ".join(f"{r['label']} rep {r['rep']} ({r['foreign_cores']:.2f})" for r in dirty[:12])
+                 + (" …" if len(dirty) > 12 else ""))
+    return text
