@@ -31,7 +31,8 @@ class OkeApp:
     def __init__(self, name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
                  lease_ms: int = 30_000, worker_id: str | None = None,
                  max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
-                 stop_grace_s: float = 10.0, sse_heartbeat_s: float = 15.0) -> None:
+                 stop_grace_s: float = 10.0, sse_heartbeat_s: float = 15.0,
+                 busy_timeout_ms: int | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
@@ -46,6 +47,11 @@ class OkeApp:
         if isinstance(sse_heartbeat_s, bool) or not isinstance(sse_heartbeat_s, (int, float)) or sse_heartbeat_s <= 0:
             raise TypeError(f"oke(sse_heartbeat_s=...): seconds > 0, got {sse_heartbeat_s!r}")
         self.sse_heartbeat_s = float(sse_heartbeat_s)  # SSE heartbeat interval (SPEC §7: at least every 15 s)
+        if busy_timeout_ms is not None and (isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int)
+                                            or busy_timeout_ms < 0):
+            raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {busy_timeout_ms!r}")
+        # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
+        self.busy_timeout_ms = busy_timeout_ms
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
@@ -66,7 +72,7 @@ class OkeApp:
             return
         manifest = build_manifest(self._bindings if self._bindings is not None else current_bindings())
         check_routes(manifest.routes)
-        store = make_store(self.database_url)
+        store = make_store(self.database_url, busy_timeout_ms=self.busy_timeout_ms)
         await store.open()
         try:
             declared_here = dict(manifest.signals)

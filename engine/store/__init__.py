@@ -19,8 +19,12 @@ def resolve_url(database_url: str | None) -> str:
     return database_url or os.environ.get("OKE_DATABASE_URL") or DEFAULT_URL
 
 
-def make_store(database_url: str | None = None) -> Store:
-    """A closed store for the url; `await store.open()` connects and creates the schema."""
+def make_store(database_url: str | None = None, *, busy_timeout_ms: int | None = None) -> Store:
+    """A closed store for the url; `await store.open()` connects and creates the schema.
+
+    `busy_timeout_ms` (SQLite only) is how long a write waits for another process's lock before
+    failing as an outage; default 30 s.
+    """
     url = resolve_url(database_url)
     try:
         parsed = make_url(url)
@@ -31,7 +35,7 @@ def make_store(database_url: str | None = None) -> Store:
     if backend == "sqlite":
         from .sqlite import SqliteStore
         try:
-            return SqliteStore(url)
+            return SqliteStore(url) if busy_timeout_ms is None else SqliteStore(url, busy_timeout_ms)
         except ValueError as err:
             raise StoreUnavailable(str(err)) from err
     if backend == "postgresql":

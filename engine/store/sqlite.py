@@ -4,8 +4,8 @@ aiosqlite hands every call to its thread (about 90% of stdlib sqlite3's speed
 lost on a claim loop), so this store owns two threads instead: a writer that
 runs each claim, settle or enqueue as one `BEGIN IMMEDIATE … COMMIT` hop, and a
 reader for the console's queries. Several processes may open one file; they
-meet through SQLite's locks (busy timeout 30 s) and wake each other by watching
-the WAL file change.
+meet through SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`)
+and wake each other by watching the WAL file change.
 """
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, 
                       worker_id, started_at, ended_at, error)
 VALUES (:run_id, :flow, :signal, :signal, :message_id, :parent_run_id, :status, :attempt,
         :worker, :started_at, :ended_at, :error)
+ON CONFLICT (run_id) DO NOTHING
 """
 
 _INSERT = """
@@ -93,14 +94,14 @@ def sqlite_path(url: str) -> str:
     return database
 
 
-def _make_engine(path: str, begin_sql: str) -> Any:
+def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Any:
     engine = create_engine(f"sqlite:///{path}", poolclass=StaticPool,
-                           connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
+                           connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-        dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         dbapi_conn.execute("PRAGMA journal_mode = WAL")
         dbapi_conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
 
@@ -112,19 +113,44 @@ def _make_engine(path: str, begin_sql: str) -> Any:
 
 
 class _DbThread:
-    """One thread holding one connection; every call runs whole on it."""
+    """One thread holding one connection; every call runs whole on it.
 
-    def __init__(self, name: str, path: str, begin_sql: str) -> None:
+    Before each call the store file is checked to still be the one the connection opened: SQLite
+    keeps writing to an open file after its directory is removed (or the file replaced), so without
+    the check every emit would "succeed" into a file nobody can open again. A missing or replaced
+    file is an outage (StoreUnavailable); the connection is dropped and reopened once a file is back
+    at the path, never created anew (`may_create` only lets the writer create the store at open).
+    """
+
+    def __init__(self, name: str, path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+                 may_create: bool = False) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.path = path
         self.begin_sql = begin_sql
+        self.busy_timeout_ms = busy_timeout_ms
+        self.may_create = may_create
         self.engine: Any = None
         self.conn: Connection | None = None
+        self.identity: tuple[int, int] | None = None
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def _connect(self) -> Connection:
+        if self.conn is not None and self._file_identity() != self.identity:
+            self._close()
+            raise StoreUnavailable(f"SQLite store {self.path} was moved, removed or replaced while in use")
         if self.conn is None:
-            self.engine = _make_engine(self.path, self.begin_sql)
+            if not self.may_create and self._file_identity() is None:
+                raise StoreUnavailable(f"SQLite store {self.path} is missing (moved or removed while in use)")
+            self.engine = _make_engine(self.path, self.begin_sql, self.busy_timeout_ms)
             self.conn = self.engine.connect()
+            self.identity = self._file_identity()
+            self.may_create = False
         return self.conn
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -152,21 +178,30 @@ def _in_write_tx(conn: Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
     raw.execute("BEGIN IMMEDIATE")
     try:
         result = fn(raw)
+        raw.execute("COMMIT")
     except BaseException:
-        raw.execute("ROLLBACK")
+        # An I/O error (the file turned read-only, the disk is full) may already have rolled the
+        # transaction back, and a failed COMMIT may leave it open: end it either way, and keep the
+        # original error rather than "cannot rollback - no transaction is active".
+        if raw.in_transaction:
+            try:
+                raw.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
         raise
-    raw.execute("COMMIT")
     return result
 
 
 class SqliteStore(Store):
     dialect = "sqlite"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.url = url
         self.path = sqlite_path(url)
-        self._writer = _DbThread("oke-sqlite-writer", self.path, "BEGIN IMMEDIATE")
-        self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN")
+        self.busy_timeout_ms = busy_timeout_ms
+        self._writer = _DbThread("oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms,
+                                 may_create=True)
+        self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
         self._claim_sql: dict[int, str] = {}
 
     async def open(self) -> None:
