@@ -221,9 +221,12 @@ class PostgresStore(Store):
                     [o.claimed.attempts for o in outcomes], [o.started_at for o in outcomes],
                     [o.ended_at for o in outcomes], worker_id,
                     [None if o.ok else f"{o.code}: {o.message}" for o in outcomes])
-                if len(oks) != len(outcomes):
-                    await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q",
-                                       sorted({o.claimed.queue for o in outcomes if not o.ok}))
+                # Wake claimers when this settle made something eligible: a failed attempt is pending
+                # again, and a finished keyed message unblocks the next one of its key (without the
+                # wake-up an idle key advanced one message per IDLE_POLL_S).
+                ready = sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
+                if ready:
+                    await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
         return held
 
     def waker(self) -> Waker:
