@@ -351,7 +351,9 @@ class HttpServer:
         """
         store = self.app._require_store()
         cursor = request.headers.get("last-event-id")
-        if cursor is None:
+        if cursor is not None:
+            cursor = cursor.strip(" \t")  # a field value excludes surrounding whitespace (RFC 9110 §5.5)
+        else:
             cursor = request.query_params.get("lastEventId")
         tail = _tail(request) if not cursor else None
         name = signal.name
