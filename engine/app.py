@@ -148,7 +148,13 @@ class OkeApp:
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
         if target.kind == "live":
             return await self._append_live(target, encoded, parent_run_id, emitter)
-        flows = await self._flows_of(target)
+        try:
+            flows = await self._flows_of(target)
+        except Exception as err:  # reading the bindings other processes recorded
+            if not is_outage(err):
+                raise
+            raise StoreUnavailable(f'emit("{target.name}"): the store is unreachable, so the message was not '
+                                   f"stored ({describe(err)})") from err
         if not flows and not target.optional:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
         msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
