@@ -62,6 +62,10 @@ class _Ended(Exception):
     """The server ended the stream with `data: [DONE]` (it is shutting down)."""
 
 
+class _Unavailable(ClientError):
+    """502/503/504: the server (or its database) is away for now; retried like a dropped stream."""
+
+
 def _signal_name(signal: Signal | str) -> str:
     return signal.name if isinstance(signal, Signal) else signal
 
@@ -154,7 +158,7 @@ class Client:
                         raise
                     cursor = None
                     tail = None
-                except (_Ended, httpx.TransportError):
+                except (_Ended, httpx.TransportError, _Unavailable):
                     if not connected and not retry_first:
                         raise
                     if not reconnect:
@@ -216,12 +220,13 @@ class Client:
 def _raise_for_error(response: httpx.Response, cursor: str) -> None:
     if response.status_code < 400:
         return
+    kind = _Unavailable if response.status_code in (502, 503, 504) else ClientError
     try:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError):
-        raise ClientError(response.status_code, "HTTPError", response.text[:200]) from None
+        raise kind(response.status_code, "HTTPError", response.text[:200]) from None
     if response.status_code == 410:
         data = error.get("data") or {}
         raise LiveResumeGap(data.get("signal", ""), data.get("afterId", cursor), data.get("reason"),
                             data.get("firstId"), data.get("missed"))
-    raise ClientError(response.status_code, error.get("code", "HTTPError"), error.get("message", ""))
+    raise kind(response.status_code, error.get("code", "HTTPError"), error.get("message", ""))

@@ -122,7 +122,12 @@ class TapeHub:
                 raise
             except Exception as err:  # the store is away: keep the streams, retry
                 log.warning("live tape %s: read failed (%s); retrying in %.1fs", self.signal, err, backoff)
-                await asyncio.sleep(backoff)
+                # a wake-up (a local append, the LISTEN connection back) ends the back-off early:
+                # after a long outage the streams must not wait up to 5 s more for the first read
+                try:
+                    await asyncio.wait_for(self.wake.wait(), backoff)
+                except TimeoutError:
+                    pass
                 backoff = min(backoff * 2, 5.0)
                 continue
             waited = 0.0

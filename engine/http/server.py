@@ -15,9 +15,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from ..bus import live
 from ..bus.hub import HubRegistry
-from ..errors import OkeError
+from ..errors import OkeError, StoreUnavailable
 from ..flows import Binding
 from ..fx import Fx, LiveBody
+from ..store.outage import describe, is_outage
 from .routes import HttpError, Route, check_routes
 from .sse import HEARTBEAT_S, REPLAY_BATCH, StreamControl, live_stream, param_match
 
@@ -239,6 +240,10 @@ class HttpServer:
             return PlainTextResponse("Not Found", status_code=404)
         except HttpError as err:
             return envelope(err.status, err.code, err.message)
+        except StoreUnavailable as err:  # the database is away: say so, and when to come back
+            response = envelope(503, "StoreUnavailable", str(err))
+            response.headers["Retry-After"] = "1"
+            return response
         except UnicodeDecodeError:
             return envelope(400, "BadRequest", "the path is not valid UTF-8 once decoded")
 
@@ -374,11 +379,16 @@ class HttpServer:
             return tape, None, after, live.read_after(conn, name, after, REPLAY_BATCH)
 
         run = store.write if signal.retention_rule.max_age_ms is not None else store.read
-        tape, gap, after, page = await run(look)
-        if tape is None:
-            await store.write(lambda c: live.ensure_tape(c, name))
+        try:
             tape, gap, after, page = await run(look)
-            assert tape is not None
+            if tape is None:
+                await store.write(lambda c: live.ensure_tape(c, name))
+                tape, gap, after, page = await run(look)
+                assert tape is not None
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            raise StoreUnavailable(f'live "{name}": the store is unreachable ({describe(err)})') from err
         if gap is not None:
             return resume_gap(name, cursor or "", gap)
         body = live_stream(store, self.hubs(), self.control, name, tape.epoch, after, match,
