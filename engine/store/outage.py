@@ -25,8 +25,15 @@ _OUTAGES: tuple[type[BaseException], ...] = (
 
 
 def is_outage(err: BaseException) -> bool:
-    if isinstance(err, DBAPIError) and err.connection_invalidated:
-        return True
+    if isinstance(err, DBAPIError):
+        if err.connection_invalidated:
+            return True
+        # SQLAlchemy's asyncpg adapter turns PostgreSQL's refusals while it restarts ("the database
+        # system is starting up", "… not yet accepting connections": 57P03) into its generic Error,
+        # a plain DBAPIError: judge by the driver's exception behind it.
+        orig = err.orig
+        if isinstance(orig, _OUTAGES) or isinstance(getattr(orig, "__cause__", None), _OUTAGES):
+            return True
     return isinstance(err, _OUTAGES)
 
 
