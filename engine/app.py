@@ -79,6 +79,7 @@ class OkeApp:
             declared_here.update((s.name, s) for s in all_declared())
             binding_rows = [(name, f.name or "", manifest.signals[name].kind)
                             for name, flows in manifest.signal_flows.items() for f in flows]
+            binding_rows += live_exposures(manifest)
             await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows))
             live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
             await store.write(lambda conn: [live.ensure_tape(conn, n) for n in live_names])
@@ -123,10 +124,14 @@ class OkeApp:
         raise TypeError(f"emit(): expected a signal or a signal name, got {type(target).__name__}")
 
     async def _flows_of(self, signal: Signal) -> list[str]:
-        """Bound flows: this process's, else those other processes recorded (cached briefly)."""
+        """Subscribers: this process's flows (or live exposures), else those other processes
+        recorded (cached briefly)."""
         assert self.manifest is not None and self.store is not None
-        local = [f.name or "" for f in self.manifest.signal_flows.get(signal.name, [])]
-        if local and signal.kind == "once":
+        if signal.kind == "live":
+            local = [path for name, path, _kind in live_exposures(self.manifest) if name == signal.name]
+        else:
+            local = [f.name or "" for f in self.manifest.signal_flows.get(signal.name, [])]
+        if local and signal.kind != "broadcast":
             return local
         cached = self._bound_cache.get(signal.name)
         if cached is not None and time.monotonic() - cached[0] < BINDINGS_CACHE_S:
@@ -146,8 +151,6 @@ class OkeApp:
         if key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH:
             raise ValueError(f'emit("{target.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
-        if target.kind == "live":
-            return await self._append_live(target, encoded, parent_run_id, emitter)
         try:
             flows = await self._flows_of(target)
         except Exception as err:  # reading the bindings other processes recorded
@@ -157,6 +160,8 @@ class OkeApp:
                                    f"stored ({describe(err)})") from err
         if not flows and not target.optional:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
+        if target.kind == "live":
+            return await self._append_live(target, encoded, parent_run_id)
         msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
         if rows:
             try:
@@ -168,12 +173,9 @@ class OkeApp:
                                        f"message may not be stored ({describe(err)})") from err
         return msg_id
 
-    async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None,
-                           emitter: str | None = None) -> str:
+    async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
         """Append to the tape in one transaction; every connected stream on every process sees it."""
-        assert self.store is not None and self.manifest is not None
-        if not signal.optional and signal.name not in self._exposed_live():
-            raise OkeError.of(1240, flow=emitter or self.name, resource=signal.name)
+        assert self.store is not None
         try:
             ids = await self.store.write(lambda conn: live.append(conn, signal, [encoded], parent_run_id))
         except Exception as err:
@@ -185,10 +187,6 @@ class OkeApp:
             self._http.wake(signal.name)
         return ids[0]
 
-    def _exposed_live(self) -> set[str]:
-        assert self.manifest is not None
-        return {b.trigger.live_signal.name for b in self.manifest.routes
-                if getattr(b.trigger, "live_signal", None) is not None}
 
     # -- HTTP ------------------------------------------------------------------------------
     @property
@@ -242,6 +240,13 @@ class OkeApp:
         """Run workers until `stop()`."""
         self._require_store()
         await WorkerPool(self, self._routes(), concurrency).run(until_idle=False)
+
+
+def live_exposures(manifest: Manifest) -> list[tuple[str, str, str]]:
+    """(signal, "http GET /path", "live") for every live exposure bound in `manifest`: a live
+    signal's subscribers, recorded at boot so an emitter in another process finds them too."""
+    return sorted({(b.trigger.live_signal.name, f"http {b.trigger.method} {b.trigger.path}", "live")
+                   for b in manifest.routes if getattr(b.trigger, "live_signal", None) is not None})
 
 
 def oke(name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,

@@ -100,3 +100,21 @@ async def test_path_params_filter_and_gates(db_url):
         assert response.status_code == 404 and response.text == "Not Found"
         response = await client.get(f"{base}/_oke/live/nope", headers=AUTH)
         assert response.status_code == 404
+
+
+async def test_an_emitter_without_the_exposure_finds_the_one_another_process_recorded(db_url):
+    import engine
+
+    status = declare()
+    async with oke("server", database_url=db_url):
+        pass  # boots once: records the exposures of order-status
+    engine.reset()
+    bare = signal.live("order-status")  # declared, not exposed, not optional, in this "process"
+    async with oke("producer", database_url=db_url, bindings=[]) as producer:
+        event_id = await producer.emit(bare, {"orderId": "o1", "status": "paid"})
+        assert event_id.endswith(".1")
+        lonely = signal.live("nobody-listens")
+        with pytest.raises(engine.OkeError) as err:
+            await producer.emit(lonely, {"x": 1})
+        assert err.value.code == 1240
+    assert status.name == bare.name
