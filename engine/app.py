@@ -16,7 +16,7 @@ from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
 from .ops import registry
-from .signals import Signal, all_declared, check_name, declared
+from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url
 from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
@@ -35,6 +35,10 @@ class OkeApp:
                  busy_timeout_ms: int | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
+        if len(name) > MAX_NAME_LENGTH:
+            raise ValueError(f"oke(name): an app name has at most {MAX_NAME_LENGTH} characters")
+        if worker_id is not None and (not isinstance(worker_id, str) or not 1 <= len(worker_id) <= MAX_NAME_LENGTH):
+            raise ValueError(f"oke(worker_id=...): a worker id is a string of 1 to {MAX_NAME_LENGTH} characters")
         if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 1:
             raise TypeError(f"oke(lease_ms=...): the lease is an int of milliseconds ≥ 1, got {lease_ms!r}")
         self.name = name

@@ -201,3 +201,13 @@ async def test_unusable_urls_are_store_unavailable(url):
         async with oke("t", database_url=url):
             pass
     _one_line(err.value)
+
+
+def test_app_name_and_worker_id_fit_the_store():
+    from engine import oke as make_app
+
+    with pytest.raises(ValueError, match="at most 200"):
+        make_app("a" * 201)
+    with pytest.raises(ValueError, match="worker id"):
+        make_app("ok", worker_id="w" * 201)
+    assert make_app("a" * 200, worker_id="w" * 200).worker_id == "w" * 200
