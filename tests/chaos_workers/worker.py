@@ -1,0 +1,160 @@
+"""A worker process for the chaos run (bench/chaos.py, tests/test_chaos.py).
+
+    python tests/chaos_workers/worker.py --url URL --dir DIR --worker-id ID [--lease-ms N]
+                                         [--concurrency N] [--retries N] [--slow-ms N]
+
+It declares `chaos.jobs` (once, `--retries`, dead letters on) bound to the flow `chaos.worker`, and
+the live tape `chaos.tape` (optional: nothing needs to listen), boots `oke(...)` on URL with
+worker id ID, writes DIR/ready-<ID> and runs until DIR/stop exists (or until it is SIGKILLed,
+which is the point). The payload is the plan of a message: `{"n", "key", "fails", "slow"}`:
+attempt a raises `ChaosFailure` (code "chaos") when a <= fails, and sleeps `--slow-ms` (longer
+than the lease) when a is in `slow`; every attempt first appends one event to the tape.
+
+Each handler call appends lines (one os.write each, O_APPEND) to DIR/events-<ID>:
+
+    S <msg_id> <attempt> <ID> <start_ms> <locked_by> <row_attempts> <lease_expires_at>
+        at handler start; the last three are read from the message row (plain SQL) right then,
+        "?" when the read failed (the database was restarting)
+    T <msg_id> <attempt> <ID> <event_id>        the tape event this attempt appended
+    X <msg_id> <attempt> <ID> <end_ms> <code>   fx.emit to the tape raised (an outage): the
+                                                 handler fails with that error
+    E <msg_id> <attempt> <ID> <end_ms>          the handler returns (success)
+    F <msg_id> <attempt> <ID> <end_ms>          the handler raises ChaosFailure
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine import flow, oke, on, signal  # noqa: E402
+
+JOBS = "chaos.jobs"
+TAPE = "chaos.tape"
+FLOW = "chaos.worker"
+
+
+class ChaosFailure(Exception):
+    code = "chaos"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RowReader:
+    """Reads (locked_by, attempts, lease_expires_at) of a message with the database's own driver."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sqlite: sqlite3.Connection | None = None
+        self.pool = None
+
+    async def open(self) -> None:
+        if self.url.startswith("sqlite"):
+            self.sqlite = sqlite3.connect(self.url.split(":///", 1)[1], timeout=30,
+                                          check_same_thread=False, isolation_level=None)
+        else:
+            import asyncpg
+            dsn = self.url.replace("postgresql+asyncpg://", "postgresql://", 1)
+            self.pool = await asyncpg.create_pool(dsn, min_size=0, max_size=2, timeout=5)
+
+    async def lease(self, msg_id: str) -> tuple[str, str, str]:
+        sql = "SELECT locked_by, attempts, lease_expires_at FROM oke_messages WHERE id = "
+        try:
+            if self.sqlite is not None:
+                row = self.sqlite.execute(sql + "?", (msg_id,)).fetchone()  # WAL: never waits on writers
+            else:
+                async with asyncio.timeout(5):
+                    row = await self.pool.fetchrow(sql + "$1", msg_id)
+        except Exception:  # the database is restarting: the attempt goes on, its lease unknown
+            return ("?", "?", "?")
+        if row is None:
+            return ("?", "?", "?")
+        return tuple("-" if v is None else str(v) for v in row)  # type: ignore[return-value]
+
+
+def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) -> None:
+    fd = os.open(out / f"events-{me}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def log(*fields: object) -> None:
+        os.write(fd, (" ".join(str(f) for f in fields) + "\n").encode())
+
+    jobs = signal.once(JOBS, retries=retries, dead_letter=True)
+    tape = signal.live(TAPE, optional=True)
+
+    @on(jobs)
+    @flow(FLOW)
+    async def handle(plan, fx):
+        started = now_ms()
+        holder, row_attempts, lease = await reader.lease(fx.message_id)
+        log("S", fx.message_id, fx.attempt, me, started, holder, row_attempts, lease)
+        if fx.attempt in plan["slow"]:
+            await asyncio.sleep(slow_s)  # outlive the lease: the message is reclaimed meanwhile
+        else:
+            await asyncio.sleep(random.random() * 0.005)
+        fail = fx.attempt <= plan["fails"]
+        try:
+            event_id = await fx.emit(tape, {"m": fx.message_id, "a": fx.attempt, "w": me, "ok": not fail})
+        except Exception as err:
+            log("X", fx.message_id, fx.attempt, me, now_ms(), type(err).__name__)
+            raise
+        log("T", fx.message_id, fx.attempt, me, event_id)
+        if fail:
+            log("F", fx.message_id, fx.attempt, me, now_ms())
+            raise ChaosFailure(f"planned failure {fx.attempt}/{plan['fails']}")
+        log("E", fx.message_id, fx.attempt, me, now_ms())
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--lease-ms", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--retries", type=int, default=3)
+    parser.add_argument("--slow-ms", type=int, default=2500)
+    args = parser.parse_args()
+
+    reader = RowReader(args.url)
+    declare(args.dir, args.worker_id, args.retries, args.slow_ms / 1000, reader)
+    app = oke("chaos-worker", database_url=args.url, lease_ms=args.lease_ms, worker_id=args.worker_id,
+              stop_grace_s=5.0)
+    stop_file = args.dir / "stop"
+
+    async def watch_stop() -> None:
+        while not stop_file.exists():
+            await asyncio.sleep(0.05)
+        await app.stop()
+
+    # Booting may meet the database mid-restart: try again rather than die.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await app.start()
+            await reader.open()
+            break
+        except Exception:
+            await app.close()
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+    try:
+        (args.dir / f"ready-{args.worker_id}").write_text(str(os.getpid()))
+        watcher = asyncio.create_task(watch_stop())
+        await app.run(concurrency=args.concurrency)
+        watcher.cancel()
+    finally:
+        await app.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
