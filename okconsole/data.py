@@ -4,10 +4,12 @@ No Textual here: screens call these coroutines from workers and render what come
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Awaitable, Callable, TypeVar
 
 from engine.store import Store, make_store, resolve_url
 from engine.store.outage import is_outage
+from engine.store.sqlite import sqlite_path
 
 T = TypeVar("T")
 
@@ -28,9 +30,15 @@ class StoreAdapter:
         self.url = resolve_url(database_url)
         self.store: Store | None = None
         self.last_error: str | None = None
+        self.opened = False
 
     async def _ensure(self) -> Store:
         if self.store is None:
+            missing = self._missing_sqlite_file()
+            if missing is not None:
+                # opening would create an empty store in its place, and show it as healthy
+                self.last_error = f"SQLite store {missing} is missing (moved or removed)"
+                raise StoreDown(self.last_error)
             store = make_store(self.url)
             try:
                 await store.open()
@@ -40,7 +48,18 @@ class StoreAdapter:
                     raise StoreDown(self.last_error) from err
                 raise
             self.store = store
+            self.opened = True
         return self.store
+
+    def _missing_sqlite_file(self) -> str | None:
+        """After the store was open once: its SQLite file, if that is gone now."""
+        if not self.opened:
+            return None
+        try:
+            path = sqlite_path(self.url)
+        except Exception:  # PostgreSQL (or a url make_store will refuse)
+            return None
+        return None if os.path.exists(path) else path
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """`await fn(store, *args, **kwargs)`, turning an outage into StoreDown."""

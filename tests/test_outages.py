@@ -594,3 +594,31 @@ async def test_sqlite_store_turns_read_only(tmp_path: Path, what: str):
         await app.stop()
         await asyncio.wait_for(runner, 15)
         await settled_state(app, rec, everything)
+
+
+async def test_console_on_a_sqlite_store_that_moves_away_and_back(tmp_path: Path):
+    from okconsole.app import ConsoleApp
+
+    home = tmp_path / "store"
+    url = f"sqlite+aiosqlite:///{home / 'oke.db'}"
+    jobs = signal.once("jobs", optional=True)
+    async with oke("shop", database_url=url, bindings=[]) as app:
+        await app.emit(jobs, {"n": 1})
+    console = ConsoleApp(url, refresh_s=0.2)
+    async with console.run_test(size=(140, 40)) as pilot:
+        async def wait(predicate: Any, what: str, timeout: float = 10) -> None:
+            deadline = time.monotonic() + timeout
+            while not predicate():
+                assert time.monotonic() < deadline, what
+                await pilot.pause(0.1)
+
+        await wait(lambda: console.store_ok is True, "the overview loads")
+        home.rename(tmp_path / "elsewhere")
+        await wait(lambda: console.store_ok is False, "'store unreachable' shown")
+        assert "store unreachable" in str(console.screen.query_one("#status").render())
+        await asyncio.sleep(0.6)  # several refreshes while it is away
+        assert not home.exists(), "the console recreated an empty store in its place"
+        (tmp_path / "elsewhere").rename(home)
+        await wait(lambda: console.store_ok is True, "recovered on its own")
+        table = console.screen.query_one("#signals")
+        await wait(lambda: table.row_count == 1, "the same store's signals")
