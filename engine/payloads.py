@@ -103,9 +103,24 @@ def _check_tree(value: Any, max_bytes: int) -> None:
     cap = max_bytes * _EXPANSION_GUARD
     size = 0
     on_path: set[int] = set()
+    done: dict[int, tuple[int, int]] = {}  # container id -> (size, height), for values shared many times
     containers = (dict, list, tuple)
 
-    def walk(item: Any, depth: int) -> None:  # item is a container; scalars are counted inline
+    def child(item: Any, depth: int) -> int:
+        """Count a container met at `depth`; its height (levels of containers, itself included)."""
+        nonlocal size
+        seen = done.get(id(item))
+        if seen is not None and depth + seen[1] <= MAX_DEPTH:
+            size += seen[0]
+            if size > cap:
+                raise _Shape(f"payload is more than {cap} bytes; the limit is {max_bytes} bytes")
+            return seen[1]
+        start = size
+        height = walk(item, depth)
+        done[id(item)] = (size - start, height)
+        return height
+
+    def walk(item: Any, depth: int) -> int:  # item is a container; scalars are counted inline
         nonlocal size
         if depth >= MAX_DEPTH:
             raise _Shape(f"{{where}} nests deeper than {MAX_DEPTH} levels")
@@ -114,29 +129,30 @@ def _check_tree(value: Any, max_bytes: int) -> None:
             raise _Shape("{where} contains itself (a circular reference)")
         on_path.add(ident)
         size += 2
+        below = 0
         if isinstance(item, dict):
-            for key, child in item.items():
+            for key, value in item.items():
                 if not isinstance(key, str):
                     raise _Shape(f"{{where}} has a key that is not a string ({type(key).__name__} "
                                  f"{_short(key)}); JSON object keys are strings")
                 size += len(key) + 4
-                if isinstance(child, str):
-                    size += len(child) + 2
-                elif isinstance(child, containers):
+                if isinstance(value, str):
+                    size += len(value) + 2
+                elif isinstance(value, containers):
                     try:
-                        walk(child, depth + 1)
+                        below = max(below, child(value, depth + 1))
                     except _Shape as err:
                         err.path.append(key)
                         raise
                 else:
                     size += 1
         else:
-            for index, child in enumerate(item):
-                if isinstance(child, str):
-                    size += len(child) + 3
-                elif isinstance(child, containers):
+            for index, value in enumerate(item):
+                if isinstance(value, str):
+                    size += len(value) + 3
+                elif isinstance(value, containers):
                     try:
-                        walk(child, depth + 1)
+                        below = max(below, child(value, depth + 1))
                     except _Shape as err:
                         err.path.append(index)
                         raise
@@ -145,6 +161,7 @@ def _check_tree(value: Any, max_bytes: int) -> None:
         on_path.discard(ident)
         if size > cap:
             raise _Shape(f"payload is more than {cap} bytes; the limit is {max_bytes} bytes")
+        return below + 1
 
     if isinstance(value, containers):
         walk(value, 0)
