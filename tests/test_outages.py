@@ -77,9 +77,10 @@ def _server_up(cluster: PgCluster) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def pg_down(cluster: PgCluster) -> AsyncIterator[None]:
-    """The server stopped (fast shutdown: sessions are terminated) for the block, then started."""
-    await asyncio.to_thread(cluster.stop_server)
+async def pg_down(cluster: PgCluster, mode: str = "fast") -> AsyncIterator[None]:
+    """The server stopped for the block, then started: `fast` terminates the sessions cleanly,
+    `immediate` is a crash (the start runs WAL recovery)."""
+    await asyncio.to_thread(cluster.stop_server, mode)
     try:
         yield
     finally:
@@ -235,8 +236,8 @@ async def test_workers_ride_out_a_postgres_stop(pg: PgCluster, pg_db: str, lease
 @pytest.mark.postgres
 async def test_emit_while_down_raises_and_works_again_once_back(pg: PgCluster, pg_db: str, monkeypatch):
     """Every emit path: once bound here (asyncpg pool), broadcast and once bound in another process (a
-    SQLAlchemy read of the recorded bindings first), live (a SQLAlchemy write). Twice, so replaced
-    connections are exercised too."""
+    SQLAlchemy read of the recorded bindings first), live (a SQLAlchemy write). Twice (a clean stop,
+    then a crash), so replaced connections are exercised too."""
     import engine.app
 
     monkeypatch.setattr(engine.app, "BINDINGS_CACHE_S", 0.0)  # read the bindings at every emit
@@ -260,7 +261,7 @@ async def test_emit_while_down_raises_and_works_again_once_back(pg: PgCluster, p
         for round_ in range(2):
             for sig, _name in targets:
                 stored.append(await app.emit(sig, {"round": round_, "before": True}))
-            async with pg_down(pg):
+            async with pg_down(pg, mode=("fast", "immediate")[round_]):
                 for sig, name in targets:
                     with pytest.raises(StoreUnavailable) as err:
                         await app.emit(sig, {"round": round_, "during": True})
