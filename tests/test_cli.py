@@ -500,6 +500,9 @@ def test_subprocess_reads_the_store_named_by_the_environment(sqlite_url, shop, t
 
 @pytest.mark.parametrize("args", [("tail", "order-status", "--json"), ("demo", "--headless", "--seconds", "3")])
 def test_long_running_commands_on_an_unreachable_store_exit_1(args):
+    if args[0] == "demo":
+        from livekit import free_port
+        args = (*args, "--port", str(free_port()))
     result = cli("--db", UNREACHABLE, *args)
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in result.stderr
