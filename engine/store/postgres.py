@@ -56,7 +56,7 @@ UPDATE oke_messages AS u
    SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $3, finished_at = $3
   FROM unnest($1::bigint[], $2::int[]) AS d(seq, attempts)
  WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $4 AND u.status = 'inflight'
-RETURNING u.seq
+RETURNING u.seq, u.attempts
 """
 
 _FAIL = """
@@ -196,13 +196,16 @@ class PostgresStore(Store):
         assert self.pool is not None, "store is not open"
         now = now_ms()
         oks = [o for o in outcomes if o.ok]
-        held_seqs: set[int] = set()
+        # Held outcomes by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1
+        # and the outcome of attempt 2 of the same message (the same worker reclaimed it); only the
+        # latter is held, and the former's run must say lease_lost.
+        held_attempts: set[tuple[int, int]] = set()
         async with _acquire(self.pool) as conn:
             async with conn.transaction():
                 if oks:
                     rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
                                             [o.claimed.attempts for o in oks], now, worker_id)
-                    held_seqs.update(r[0] for r in rows)
+                    held_attempts.update((r[0], r[1]) for r in rows)
                 for out in outcomes:
                     if out.ok:
                         continue
@@ -210,8 +213,8 @@ class PostgresStore(Store):
                     attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
                                                  out.message, out.ended_at, out.run_id)
                     if attempt is not None:
-                        held_seqs.add(c.seq)
-                held = [o.claimed.seq in held_seqs for o in outcomes]
+                        held_attempts.add((c.seq, c.attempts))
+                held = [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
                 statuses = [("succeeded" if o.ok else "failed") if h else "lease_lost"
                             for o, h in zip(outcomes, held)]
                 await conn.execute(
