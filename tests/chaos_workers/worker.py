@@ -6,9 +6,10 @@
 It declares `chaos.jobs` (once, `--retries`, dead letters on) bound to the flow `chaos.worker`, and
 the live tape `chaos.tape` (optional: nothing needs to listen), boots `oke(...)` on URL with
 worker id ID, writes DIR/ready-<ID> and runs until DIR/stop exists (or until it is SIGKILLed,
-which is the point). The payload is the plan of a message: `{"n", "key", "fails", "slow"}`:
+which is the point). The payload is the plan of a message: `{"n", "key", "fails", "slow", "tape"}`:
 attempt a raises `ChaosFailure` (code "chaos") when a <= fails, and sleeps `--slow-ms` (longer
-than the lease) when a is in `slow`; every attempt first appends one event to the tape.
+than the lease) when a is in `slow`; when `tape` is true every attempt first appends one event to
+the tape.
 
 Each handler call appends lines (one os.write each, O_APPEND) to DIR/events-<ID>:
 
@@ -101,12 +102,13 @@ def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) 
         else:
             await asyncio.sleep(random.random() * 0.005)
         fail = fx.attempt <= plan["fails"]
-        try:
-            event_id = await fx.emit(tape, {"m": fx.message_id, "a": fx.attempt, "w": me, "ok": not fail})
-        except Exception as err:
-            log("X", fx.message_id, fx.attempt, me, now_ms(), type(err).__name__)
-            raise
-        log("T", fx.message_id, fx.attempt, me, event_id)
+        if plan.get("tape", True):
+            try:
+                event_id = await fx.emit(tape, {"m": fx.message_id, "a": fx.attempt, "w": me, "ok": not fail})
+            except Exception as err:
+                log("X", fx.message_id, fx.attempt, me, now_ms(), type(err).__name__)
+                raise
+            log("T", fx.message_id, fx.attempt, me, event_id)
         if fail:
             log("F", fx.message_id, fx.attempt, me, now_ms())
             raise ChaosFailure(f"planned failure {fx.attempt}/{plan['fails']}")
