@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import time
@@ -18,6 +19,7 @@ from .ids import new_id
 from .ops import registry
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url
+from .store.base import check_key
 from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
 
@@ -154,6 +156,7 @@ class OkeApp:
             raise TypeError(f'emit("{target.name}", key=...): a key is a string, got {type(key).__name__}')
         if key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH:
             raise ValueError(f'emit("{target.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
+        check_key(target.name, key)
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
         try:
             flows = await self._flows_of(target)
@@ -249,8 +252,16 @@ class OkeApp:
 def live_exposures(manifest: Manifest) -> list[tuple[str, str, str]]:
     """(signal, "http GET /path", "live") for every live exposure bound in `manifest`: a live
     signal's subscribers, recorded at boot so an emitter in another process finds them too."""
-    return sorted({(b.trigger.live_signal.name, f"http {b.trigger.method} {b.trigger.path}", "live")
+    return sorted({(b.trigger.live_signal.name, exposure_label(b.trigger.method, b.trigger.path), "live")
                    for b in manifest.routes if getattr(b.trigger, "live_signal", None) is not None})
+
+
+def exposure_label(method: str, path: str) -> str:
+    """`http GET /path`, or a digest of the path when that would not fit the 200-character column."""
+    label = f"http {method} {path}"
+    if len(label) <= MAX_NAME_LENGTH:
+        return label
+    return f"http {method} {path[:100]}…{hashlib.sha256(path.encode()).hexdigest()[:32]}"
 
 
 def oke(name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,

@@ -70,24 +70,27 @@ class Outcome:
 MAX_KEY_BYTES = 1000
 
 
+def check_key(signal: str, key: str | None) -> None:
+    """Refuse a key no backend can store alike: NUL (PostgreSQL text cannot hold it), lone
+    surrogates (not UTF-8) and more than MAX_KEY_BYTES of UTF-8 (too big to index)."""
+    if key is None:
+        return
+    if "\x00" in key:
+        raise ValueError(f'emit("{signal}", key=...): a key may not contain NUL characters')
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        raise ValueError(f'emit("{signal}", key=...): a key must be valid Unicode text '
+                         f"({err.reason})") from None
+    if size > MAX_KEY_BYTES:
+        raise ValueError(f'emit("{signal}", key=...): a key has at most {MAX_KEY_BYTES} bytes '
+                         f"in UTF-8, this one has {size}")
+
+
 def check_keys(rows: Sequence[NewMessage]) -> None:
-    """Refuse keys no backend can store alike: NUL (PostgreSQL text cannot hold it), lone
-    surrogates (not UTF-8) and more than MAX_KEY_BYTES of UTF-8 (too big to index). Checked before
-    any write, so a bad key stores nothing on either backend."""
+    """`check_key` for every row, before any write, so a bad key stores nothing on either backend."""
     for row in rows:
-        key = row.key
-        if key is None:
-            continue
-        if "\x00" in key:
-            raise ValueError(f'emit("{row.signal}", key=...): a key may not contain NUL characters')
-        try:
-            size = len(key.encode("utf-8"))
-        except UnicodeEncodeError as err:
-            raise ValueError(f'emit("{row.signal}", key=...): a key must be valid Unicode text '
-                             f"({err.reason})") from None
-        if size > MAX_KEY_BYTES:
-            raise ValueError(f'emit("{row.signal}", key=...): a key has at most {MAX_KEY_BYTES} bytes '
-                             f"in UTF-8, this one has {size}")
+        check_key(row.signal, row.key)
 
 
 def queue_name(signal: str, flow: str | None, kind: str) -> str:
