@@ -49,11 +49,12 @@ class ConsoleScreen(Screen[None]):
         yield from ()
 
     def on_mount(self) -> None:
-        self.sub_title = self.TITLE_TEXT
-        self.action_refresh()
+        self.sub_title = self.TITLE_TEXT  # the first load comes with ScreenResume, as every later one
         self.set_interval(self.console.refresh_s, self.action_refresh)
 
     def action_refresh(self) -> None:
+        if not self.is_current:  # covered by another screen: no store load; it reloads on resume
+            return
         if self._loading:  # a slow store: let the running load finish rather than pile up
             self._reload = True
             return
@@ -62,6 +63,9 @@ class ConsoleScreen(Screen[None]):
 
     _loading = False
     _reload = False
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()
 
     async def _load(self) -> None:
         try:

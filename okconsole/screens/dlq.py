@@ -14,7 +14,7 @@ from ..widgets.tables import sync_rows
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen, EditPayloadScreen
 
-LIMIT = 500
+LIMIT = 200
 
 
 class DeadLettersScreen(ConsoleScreen):
