@@ -327,7 +327,8 @@ async def run(args: argparse.Namespace) -> bool:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(root / "server.log", "wb")
         server = subprocess.Popen([sys.executable, str(SERVER), "--url", url, "--dir", str(root),
-                                   "--port", str(port), "--max-count", str(args.max_count)],
+                                   "--port", str(port), "--max-count", str(args.max_count)]
+                                  + (["--tracemalloc", str(root / "tracemalloc.txt")] if args.trace_memory else []),
                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
         deadline = time.monotonic() + 90
@@ -473,7 +474,7 @@ async def run(args: argparse.Namespace) -> bool:
             server.wait(10)
         if pg is not None:
             await asyncio.to_thread(pg.stop)
-        if ok and not args.keep:
+        if ok and not args.keep and not args.trace_memory:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"   kept {root}", flush=True)
@@ -601,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=None, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--trace-memory", action="store_true",
+                        help="the server traces allocations (tracemalloc; slower) into <work dir>/tracemalloc.txt")
     args = parser.parse_args(argv)
     return 0 if asyncio.run(run(args)) else 1
 

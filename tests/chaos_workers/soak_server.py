@@ -8,6 +8,8 @@ Declares `soak.jobs` (once, retries 1) handled by the flow `soak.worker`, and th
 `app.serve()` (HTTP/SSE and the workers) on 127.0.0.1:P, writes DIR/ready (its pid) once it
 listens, and stops (streams end with [DONE]) when DIR/stop exists. Each handled message appends
 `{"n": n, "a": attempt}` to the tape; a message whose n % 50 == 7 fails its first attempt.
+With --tracemalloc FILE it traces allocations and appends to FILE, every 60 s, the 30 call sites
+whose live memory grew most since the first minute (to find what a growing RSS is made of).
 """
 from __future__ import annotations
 
@@ -47,7 +49,11 @@ async def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--max-count", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--tracemalloc", type=Path, default=None)
     args = parser.parse_args()
+    if args.tracemalloc:
+        import tracemalloc
+        tracemalloc.start(12)
     declare(args.max_count)
     app = oke("soak-server", database_url=args.url)
     stop_file = args.dir / "stop"
@@ -65,12 +71,37 @@ async def main() -> None:
         await app.stop()
 
     watcher = asyncio.create_task(watch())
+    tracer = asyncio.create_task(trace_memory(args.tracemalloc)) if args.tracemalloc else None
     try:
         await app.serve(host="127.0.0.1", port=args.port, concurrency=args.concurrency)
     finally:
         watcher.cancel()
+        if tracer is not None:
+            tracer.cancel()
         await app.close()
 
 
-if __name__ == "__main__":
-    asyncio.run(main())
+async def trace_memory(path: Path) -> None:
+    import gc
+    import linecache
+    import time
+    import tracemalloc
+    # the tracer's own allocations (snapshots, line cache) are not what we are looking for
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
+              tracemalloc.Filter(False, linecache.__file__, all_frames=True)]
+    await asyncio.sleep(60)
+    gc.collect()
+    first = tracemalloc.take_snapshot().filter_traces(ignore)
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(60)
+        gc.collect()
+        snap = tracemalloc.take_snapshot().filter_traces(ignore)
+        lines = [f"=== {time.monotonic() - started:.0f} s after the first minute: traced "
+                 f"{sum(st.size for st in snap.statistics('filename')) / 1e6:.1f} MB, objects {len(gc.get_objects())}"]
+        for st in snap.compare_to(first, "traceback")[:30]:
+            lines.append(f"{st.size_diff / 1024:+9.1f} KiB {st.count_diff:+7d} blocks")
+            lines += [f"      {line}" for line in st.traceback.format()[-12:]]
+        del snap
+        with open(path, "a") as f:
+            f.write("\n".join(lines) + "\n")
