@@ -970,10 +970,12 @@ async def run(cfg: Config, keep: bool) -> bool:
             obs.drained = time.time()
             print(f"   {time.monotonic() - started:5.0f} s  {'drained' if drained else 'NOT DRAINED'}: {state}",
                   flush=True)
+            # A lease-lost holder may still be running its handler (and appending to the tape) after
+            # the drain: stop the workers first, so the follower's last poll sees the final head.
+            stop_problems = await workers.stop()
             await asyncio.sleep(0.3)  # the follower catches the last appends
             stop_readers.set()
             await asyncio.gather(*readers)
-        stop_problems = await workers.stop()
         rep = await verify(url, cfg, plan, obs, workers, stop_problems, root)
         if not drained:
             rep.check("drain", False, f"not drained within {cfg.drain_timeout_s:.0f} s: {state}")

@@ -134,7 +134,7 @@ class PostgresStore(Store):
                 asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
                                     server_settings={"application_name": "okengine"}),
                 CONNECT_TIMEOUT_S)
-            self.sa = create_async_engine(self.url, pool_size=4, max_overflow=12, pool_pre_ping=True,
+            self.sa = create_async_engine(self.url, pool_size=3, max_overflow=12, pool_pre_ping=True,
                                           connect_args={"timeout": CONNECT_TIMEOUT_S})
             await self.write(_ensure_schema_locked)
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError, ConnectionError) as err:
