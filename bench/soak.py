@@ -20,8 +20,9 @@ from HTTP clients), pg_stat_activity, throughput per interval (emits, tape appen
 by a persistent client), the backlog (pending, oldest pending age) and row counts. It asserts, from
 the first sample after warm-up to the last: RSS growth < 30 MB or < 30 %; fds other than HTTP client
 sockets equal ± 5; the server's PostgreSQL connections within its pools' limit and equal ± 4;
-throughput of the last interval >= 70 % of the first; the backlog bounded (the producer holds back
-while more than 3 s of messages are unhandled, as a well-behaved producer would); messages and tape rows
+throughput of the last interval >= 70 % of the first; the backlog bounded (at most 10 s of work, at
+most 3 s at the end; the producer holds back while about 3 s of messages are unhandled, as a
+well-behaved producer would); messages and tape rows
 bounded; every persistent client got every event in order without a reconnect; no unexpected HTTP
 status, emit, purge or server error. oke_runs grows by one row per attempt (runs are trace history:
 purge keeps them); its growth is printed, not asserted. Exit status 0 on PASS, 1 on FAIL.
@@ -550,11 +551,17 @@ def report(title: str, samples: list[Sample], warmup: float, duration: float, ar
                    f"events received/s {first_tp:.1f} first interval -> {last_tp:.1f} last (>= 70 %)"))
     backlog = max(3 * args.rate, 100)
     held = counters["held_back_s"]
-    checks.append(("backlog", all(s.pending <= 2 * backlog + args.rate for s in after),
-                   f"pending never above {2 * backlog + args.rate} after warm-up (max "
-                   f"{max(s.pending for s in after)}; oldest pending {end.lag_ms} ms at the end); the producer "
-                   f"held back {held:.0f} s of {duration:.0f} s" + (" (the server could not keep up with "
-                                                                    f"{args.rate}/s)" if held > 1 else "")))
+    # bounded, not flat: a stall of a few seconds (the machine busy elsewhere) may pile up a few
+    # seconds of work, which must be gone by the end
+    peak = max(s.pending for s in after)
+    stalls = [s.t for s in after if s.pending > backlog]
+    checks.append(("backlog", peak <= 10 * args.rate and end.pending <= backlog,
+                   f"pending at most {peak} after warm-up (<= 10 s of work, {10 * args.rate}), {end.pending} at the "
+                   f"end (<= {backlog}); oldest pending {end.lag_ms} ms at the end; "
+                   + (f"over {backlog} at {len(stalls)} samples (t = {', '.join(f'{t:.0f}' for t in stalls[:5])} s); "
+                      if stalls else "")
+                   + f"the producer held back {held:.1f} s of {duration:.0f} s"
+                   + (" (the server could not keep up)" if held > 1 else "")))
     msg_bound = int(args.rate * (PURGE_EVERY_S + PURGE_OLDER_MS / 1000) * 3 + 500)
     checks.append(("store", all(s.rows["oke_messages"] <= msg_bound for s in after)
                    and all(s.rows["oke_tape_events"] <= args.max_count for s in after),
