@@ -105,3 +105,7 @@ async def trace_memory(path: Path) -> None:
         del snap
         with open(path, "a") as f:
             f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
