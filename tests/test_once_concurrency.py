@@ -468,3 +468,42 @@ async def test_no_message_is_claimed_twice_under_a_live_lease(db_url, procs):
             assert run_status[(msg_id, 1)] == "succeeded"
     statuses = Counter(s for *_, s in runs)
     assert statuses == {"succeeded": total, "lease_lost": len(slow)}
+
+
+def _open_at_barrier(path: str, barrier, results) -> None:
+    """One process's first open of a shared SQLite file, started together with its siblings."""
+    from engine.store.sqlite import SqliteStore
+
+    async def go() -> None:
+        store = SqliteStore(f"sqlite:///{path}")
+        barrier.wait()
+        try:
+            await store.open()
+            results.put("ok")
+        except Exception as err:  # the test reports every failure's text
+            results.put(repr(err))
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def test_processes_opening_a_fresh_sqlite_file_together_all_succeed(tmp_path):
+    # Switching a new file to WAL takes an exclusive lock that SQLite refuses at once (no busy wait)
+    # to a second process doing the same: workers started together must wait, not fail at boot.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    failures: list[str] = []
+    for round_no in range(40):
+        path = str(tmp_path / f"fresh-{round_no}.db")
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        children = [ctx.Process(target=_open_at_barrier, args=(path, barrier, results)) for _ in range(6)]
+        for child in children:
+            child.start()
+        outcomes = [results.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(30)
+            assert child.exitcode == 0, f"round {round_no}: a child exited {child.exitcode}"
+        failures += [o for o in outcomes if o != "ok"]
+    assert failures == []

@@ -26,6 +26,8 @@ log = logging.getLogger("engine.store.postgres")
 CHANNEL = "oke_wake"
 SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the schema
 CONNECT_TIMEOUT_S = 10.0
+SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writes
+SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
 
 # Leases are judged by the database's clock, not the claimer's: processes on many machines share
 # one database, and a machine whose clock runs ahead must not see a live lease as expired.
@@ -127,6 +129,13 @@ class PostgresStore(Store):
         self.pool: asyncpg.Pool | None = None
         self._listener: _Listener | None = None
 
+    def idle_connection_ceiling(self) -> int:
+        """Connections this store may keep open while idle: the hot pool, SQLAlchemy's kept pool, LISTEN.
+
+        Bursts open more (SQLAlchemy's overflow closes again on return); clients never add any.
+        """
+        return self.pool_size + SA_POOL_SIZE + 1
+
     async def open(self) -> None:
         target = describe_target(self.url)
         try:
@@ -134,7 +143,7 @@ class PostgresStore(Store):
                 asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
                                     server_settings={"application_name": "okengine"}),
                 CONNECT_TIMEOUT_S)
-            self.sa = create_async_engine(self.url, pool_size=3, max_overflow=12, pool_pre_ping=True,
+            self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW, pool_pre_ping=True,
                                           connect_args={"timeout": CONNECT_TIMEOUT_S})
             await self.write(_ensure_schema_locked)
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError, ConnectionError) as err:

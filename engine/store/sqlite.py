@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -94,6 +95,28 @@ def sqlite_path(url: str) -> str:
     return database
 
 
+def _enter_wal(dbapi_conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """Switch the file to WAL, retrying while another process holds it.
+
+    Switching needs an exclusive lock, and SQLite answers "database is locked" at once (without its
+    busy handler, to avoid a deadlock) when two processes open a fresh file together. So this retries
+    until the busy timeout, as any other statement would wait.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    pause = 0.005
+    while True:
+        try:
+            mode = dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                dbapi_conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
 def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Any:
     engine = create_engine(f"sqlite:///{path}", poolclass=StaticPool,
                            connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000})
@@ -102,7 +125,7 @@ def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        dbapi_conn.execute("PRAGMA journal_mode = WAL")
+        _enter_wal(dbapi_conn, busy_timeout_ms)
         dbapi_conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
 
     @event.listens_for(engine, "begin")
@@ -125,6 +148,7 @@ class _DbThread:
     def __init__(self, name: str, path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
                  may_create: bool = False) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.closed = False
         self.path = path
         self.begin_sql = begin_sql
         self.busy_timeout_ms = busy_timeout_ms
@@ -164,6 +188,10 @@ class _DbThread:
             self.conn = None
 
     async def close(self) -> None:
+        """Close the connection and stop the thread; a second close (say, after a failed open) is a no-op."""
+        if self.closed:
+            return
+        self.closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self._close)
         self.executor.shutdown(wait=False)
