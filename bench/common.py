@@ -1,10 +1,14 @@
 """Shared helpers: paths, stats, JSON-lines output, CPU accounting, PostgreSQL table prep."""
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,6 +19,32 @@ PAYLOAD_BODY = "hello world"          # payload of message i: {"n": i, "body": "
 
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
+
+
+ENGINE_ENV = "OKE_BENCH_ENGINE_DIR"
+
+
+def pin_engine() -> str:
+    """Run this process (and, through the environment, its worker processes) on one copy of engine/.
+
+    The first call copies REPO/engine to a temp dir and puts that first on sys.path, so a checkout
+    that changes while the benchmark runs cannot mix two engine versions within one report. Worker
+    processes find the copy through env OKE_BENCH_ENGINE_DIR. Returns a short sha256 of the copy.
+    """
+    root = os.environ.get(ENGINE_ENV)
+    if not root:
+        root = tempfile.mkdtemp(prefix="oke-bench-engine-")
+        shutil.copytree(REPO / "engine", Path(root) / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+        os.environ[ENGINE_ENV] = root
+        atexit.register(shutil.rmtree, root, True)
+    if "engine" in sys.modules and not sys.modules["engine"].__file__.startswith(root):
+        raise RuntimeError("pin_engine() must run before engine is imported")
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    digest = hashlib.sha256()
+    for path in sorted((Path(root) / "engine").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def payload(i: int) -> dict:

@@ -13,7 +13,11 @@ import json
 import sys
 import time
 
-from engine_app import StoreProbe, declare, make_app
+import common
+
+common.pin_engine()  # the same copy of engine/ as the parent (env OKE_BENCH_ENGINE_DIR)
+
+from engine_app import StoreProbe, declare, make_app  # noqa: E402
 
 
 async def _stdin_line() -> str:

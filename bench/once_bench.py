@@ -23,7 +23,7 @@ import tempfile
 import time
 
 import common  # noqa: F401  (puts tests/ on sys.path)
-from common import REPO, RESULTS_DIR, Recorder, wait_quiet
+from common import REPO, RESULTS_DIR, Recorder, pin_engine, wait_quiet
 
 from pgcluster import PgCluster  # noqa: E402
 
@@ -49,7 +49,7 @@ def parse_args():
     return a
 
 
-def meta(cluster) -> dict:
+def meta(cluster, engine_sha: str) -> dict:
     import asyncpg
     import engine
     import procrastinate
@@ -62,15 +62,10 @@ def meta(cluster) -> dict:
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     pg = cluster.fetch("SELECT version()")[0][0] if cluster else None
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "engine").rglob("*.py")):
-        digest.update(path.read_bytes())
-    return {"engine_sha256": digest.hexdigest()[:12], "python": platform.python_version(), "cpu": cpu, "cores": __import__("os").cpu_count(),
+    return {"engine_sha256": engine_sha, "python": platform.python_version(), "cpu": cpu, "cores": __import__("os").cpu_count(),
             "kernel": platform.release(), "postgres": pg, "sqlite": sqlite3.sqlite_version,
             "asyncpg": asyncpg.__version__, "procrastinate": procrastinate.__version__,
-            "engine_file": engine.__file__, "git_head": git("rev-parse", "--short", "HEAD"),
+            "engine_copied_from": str(REPO / "engine"), "engine_file": engine.__file__, "git_head": git("rev-parse", "--short", "HEAD"),
             "git_dirty": bool(git("status", "--porcelain", "engine"))}
 
 
@@ -149,7 +144,7 @@ def report(a, rec, info) -> str:
             f"({info['cpu']}), Python {info['python']}, {info['postgres'].split(' on ')[0] if info['postgres'] else ''}, "
             f"SQLite {info['sqlite']}, asyncpg {info['asyncpg']}, procrastinate {info['procrastinate']}, "
             f"engine at {info['git_head']}{' + uncommitted changes' if info['git_dirty'] else ''} "
-            f"(engine/*.py sha256 {info['engine_sha256']})")
+            f"(engine/ copied at start, sha256 {info['engine_sha256']})")
     parts.append(head)
     for section, fn, args in (("pg", r.pg_section, (rec, a.messages, a.reps)),
                               ("sqlite", r.sqlite_section, (rec, a.messages, a.reps)),
@@ -165,12 +160,13 @@ def report(a, rec, info) -> str:
                  "(delivered == N, sum(attempts) == N, max(attempts) == 1)"
                  + ("" if not bad else "; FAILED: " + ", ".join(f"{x['label']} rep {x['rep']}" for x in bad)))
     if a.quick:
-        parts.append("(--quick: 2,000 messages and 1 repetition; not comparable with the full run's numbers)")
+        parts.append(f"(--quick: {a.messages:,} messages, {a.reps} repetition(s); not comparable with a full run)")
     return "\n".join(parts)
 
 
 def main() -> int:
     a = parse_args()
+    engine_sha = pin_engine()
 
     def on_term(*_):
         raise KeyboardInterrupt
@@ -184,15 +180,23 @@ def main() -> int:
             print("starting a private PostgreSQL …", flush=True)
             cluster.start()
             print(f"  {cluster.admin_dsn} ({cluster.data_dir})", flush=True)
-        info = meta(cluster if cluster.running else None)
+        info = meta(cluster if cluster.running else None, engine_sha)
         rec = Recorder(RESULTS_DIR / f"once-{stamp}.jsonl",
                        {**info, "messages": a.messages, "reps": a.reps, "latency_samples": a.latency_samples,
                         "only": sorted(a.only), "quick": a.quick})
-        asyncio.run(run_all(a, cluster, rec))
-        text = report(a, rec, info)
+        try:
+            asyncio.run(run_all(a, cluster, rec))
+        except KeyboardInterrupt:
+            print("\ninterrupted: the report below covers the runs that finished", file=sys.stderr)
+            interrupted = True
+        else:
+            interrupted = False
+        text = report(a, rec, info) + ("\n(INTERRUPTED: incomplete)" if interrupted else "")
         print("\n" + text)
         (RESULTS_DIR / f"once-{stamp}.txt").write_text(text + "\n")
         print(f"\nraw results: {rec.path.relative_to(REPO)}; report: bench/results/once-{stamp}.txt")
+        if interrupted:
+            return 130
         return 0 if not any(x.get("verified") is False for x in rec.rows) else 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
