@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from sqlalchemy import Connection, select
 
 from ..errors import SchemaTooNew
-from . import schema
+from . import counts, schema
 
 T = TypeVar("T")
 
@@ -103,6 +103,7 @@ def ensure_schema(conn: Connection) -> None:
     schema.metadata.create_all(conn, checkfirst=True)
     row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
     if row is None:
+        counts.install(conn)
         conn.execute(schema.meta.insert().values(key="schema_version", value=str(schema.SCHEMA_VERSION)))
         return
     found = int(row[0])
@@ -116,8 +117,10 @@ def ensure_schema(conn: Connection) -> None:
                      .values(value=str(schema.SCHEMA_VERSION)))
 
 
-# from_version -> step that upgrades it by one; empty while version 1 is the only one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+# from_version -> step that upgrades it by one (new tables come from create_all above).
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: counts.install,  # 1 -> 2: message counters kept by triggers
+}
 
 
 def encode_retention(retention: dict[str, Any] | None) -> str | None:

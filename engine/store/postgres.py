@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import asyncpg
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
+from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
 
 T = TypeVar("T")
@@ -28,6 +30,7 @@ SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the 
 CONNECT_TIMEOUT_S = 10.0
 SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writes
 SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
+COMPACT_EVERY_S = 2.0  # how often a busy process folds message-count deltas (store/counts.py)
 
 # Leases are judged by the database's clock, not the claimer's: processes on many machines share
 # one database, and a machine whose clock runs ahead must not see a live lease as expired.
@@ -128,6 +131,8 @@ class PostgresStore(Store):
         self.sa: AsyncEngine | None = None
         self.pool: asyncpg.Pool | None = None
         self._listener: _Listener | None = None
+        self._compacted_at = 0.0
+        self._compacting: asyncio.Task[None] | None = None
 
     def idle_connection_ceiling(self) -> int:
         """Connections this store may keep open while idle: the hot pool, SQLAlchemy's kept pool, LISTEN.
@@ -157,6 +162,8 @@ class PostgresStore(Store):
             raise
 
     async def close(self) -> None:
+        if self._compacting is not None:
+            await asyncio.gather(self._compacting, return_exceptions=True)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -194,6 +201,7 @@ class PostgresStore(Store):
             else:
                 await conn.execute(_INSERT, *cols)
         wake_local(self.url)
+        self._maybe_compact_counts()
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
@@ -239,7 +247,30 @@ class PostgresStore(Store):
                 ready = sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
                 if ready:
                     await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
+        self._maybe_compact_counts()
         return held
+
+    def _maybe_compact_counts(self) -> None:
+        """Every COMPACT_EVERY_S, fold the count deltas in the background (store/counts.py), so the
+        overview sums a few rows per signal, not one per statement since the store began."""
+        now = time.monotonic()
+        if self._compacting is not None or now - self._compacted_at < COMPACT_EVERY_S:
+            return
+        self._compacted_at = now
+        self._compacting = asyncio.get_running_loop().create_task(self._compact_counts(),
+                                                                  name="oke-count-compactor")
+
+    async def _compact_counts(self) -> None:
+        try:
+            assert self.pool is not None
+            async with _acquire(self.pool) as conn:
+                async with conn.transaction():
+                    if await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", counts.COMPACT_LOCK):
+                        await conn.execute(counts.COMPACT_SQL)
+        except Exception as err:  # best effort: the deltas stay and still count; the next pass folds them
+            log.debug("count compaction skipped (%s: %s)", type(err).__name__, err)
+        finally:
+            self._compacting = None
 
     def waker(self) -> Waker:
         self._ensure_listener()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text,
                         text)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-status message counters kept by triggers (store/counts.py)
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -75,6 +75,22 @@ Index("oke_messages_ready_key", messages.c.queue, messages.c.key, messages.c.seq
 Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
 Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.seq)
 Index("oke_messages_parent", messages.c.parent_run_id)
+
+# Messages per signal and status, kept by triggers (store/counts.py): the overview reads these,
+# not the messages. PostgreSQL's triggers append to count_deltas, folded into counts now and then.
+counts = Table(
+    "oke_counts", metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("status", String(10), primary_key=True),
+    Column("n", BigInteger, nullable=False),
+)
+
+count_deltas = Table(
+    "oke_count_deltas", metadata,
+    Column("signal", String(200), nullable=False),
+    Column("status", String(10), nullable=False),
+    Column("n", BigInteger, nullable=False),
+)
 
 failures = Table(
     "oke_failures", metadata,
