@@ -78,8 +78,9 @@ async def test_dead_letter_story_trace_and_replay_delivered_by_another_process(d
         app.jump("dlq tasks.email")
         await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
                        and app.screen.query_one("#letters").row_count == 2)
-        groups = app.screen.query_one("#groups")
-        assert groups.row_count == 2  # two addresses, two distinct messages
+        groups = app.screen.query_one("#groups")  # filled just after the letters
+        await wait_for(pilot, lambda: groups.row_count == 2)  # two addresses, two distinct messages
+        assert "2 dead" in str(app.screen.query_one("#title").render())
         # open the first dead letter: failures newest first, payload, trace
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen.detail is not None)
@@ -237,3 +238,29 @@ async def test_jump_help_and_palette(sqlite_url):
         await wait_for(pilot, lambda: isinstance(app.screen, OverviewScreen))
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert {"Audit log", "Jump…", "Dead letters", "Tail"} <= set(commands)
+
+
+async def test_dead_letters_beyond_one_page_show_the_exact_total(sqlite_url):
+    from engine import flow, on, signal
+    from okconsole.screens.dlq import LIMIT
+
+    jobs = signal.once("t.many", retries=0)
+
+    @on(jobs)
+    @flow("w.many")
+    async def fail(payload, fx):
+        raise RuntimeError(f"no {payload % 2}")
+
+    async with oke("t", database_url=sqlite_url) as engine_app:
+        for n in range(LIMIT + 7):
+            await engine_app.emit(jobs, n)
+        await engine_app.drain(concurrency=16)
+
+    app = ConsoleApp(sqlite_url, refresh_s=5)
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("dlq t.many")
+        await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
+                       and app.screen.query_one("#letters").row_count == LIMIT)
+        await wait_for(pilot, lambda: app.screen.query_one("#groups").row_count == 2)
+        title = str(app.screen.query_one("#title").render())
+        assert f"{LIMIT + 7} dead (showing the newest {LIMIT})" in title

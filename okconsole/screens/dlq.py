@@ -28,6 +28,7 @@ class DeadLettersScreen(ConsoleScreen):
         self.letters: list[Any] = []
         self.tagged: set[str] = set()
         self.shown: list[str] = []
+        self.total_dead: int | None = None  # from the store's counters, once loaded
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -53,9 +54,13 @@ class DeadLettersScreen(ConsoleScreen):
         self.query_one("#letters", DataTable).focus()
 
     async def load(self) -> None:
+        # the letters first: they are what the operator came for; the groups (which read every
+        # failing message of the signal) and the exact total fill in a moment later
+        self.letters = await self.console.data.call(ops.dead_letters, self.signal, LIMIT)
+        self.render_letters()
         groups = await self.console.data.call(ops.failures, self.signal)
-        letters = await self.console.data.call(ops.dead_letters, self.signal, LIMIT)
-        self.letters = letters
+        counted = [s.dead for s in await self.console.data.call(ops.stats) if s.signal == self.signal]
+        self.total_dead = counted[0] if counted else None
         table = self.query_one("#groups", DataTable)
         rows = [(f"{g.code}\x00{g.message}", [str(g.count), f"[b red]{g.code}[/]", fmt.short(g.message, 80),
                                                 fmt.ago(g.last_at)]) for g in groups]
@@ -76,11 +81,12 @@ class DeadLettersScreen(ConsoleScreen):
         self.shown = [key for key, _ in rows]
         sync_rows(self.query_one("#letters", DataTable), rows,
               ("tag", "id", "key", "attempts", "code", "message", "created"))
-        more = f" (showing the newest {LIMIT})" if len(self.letters) >= LIMIT else ""
+        total = self.total_dead if self.total_dead is not None else len(self.letters)
+        more = f" (showing the newest {len(self.letters)})" if total > len(self.letters) else ""
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         ro = " · [b]read-only[/b]" if self.console.read_only else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {len(self.letters)} dead{more} · {len(self.tagged)} tagged{filt}{ro}")
+            f"[b]{self.signal}[/b] · {total:,} dead{more} · {len(self.tagged)} tagged{filt}{ro}")
 
     def apply_filter(self, text: str) -> None:
         self.filter_text = text
