@@ -48,9 +48,13 @@ from engine.store import make_store  # noqa: E402
 
 ABS_FLOOR_S = 0.5
 REL_FLOOR = 2.0
-ORDER = [OVERVIEW, DLQ, "ops.stats", "ops.dead_letters(500)", "ops.failures", "ops.message_page(50)"]
-# Diagnostics: printed with a verdict, but not part of the floors (nor of the exit status).
-DIAGNOSTICS = [OVERVIEW + QUIET, DLQ + QUIET, "store open+close"]
+# The floors of issue #4 are on what the operator waits for: the overview and a dead-letter page.
+ORDER = [OVERVIEW, DLQ]
+# Diagnostics: printed with a verdict, but not part of the floors (nor of the exit status): the
+# engine.ops calls behind the two screens (ops.failures reads every failing message of the signal,
+# so it grows with the backlog; the page shows the letters before it), and the variants.
+DIAGNOSTICS = ["ops.stats", "ops.dead_letters(200)", "ops.failures", "ops.message_page(50)",
+               OVERVIEW + QUIET, DLQ + QUIET, "store open+close"]
 
 
 def log(text: str) -> None:

@@ -17,7 +17,7 @@ from .timing import DLQ_SIGNAL
 
 CALLS: dict[str, Callable[[Any], Any]] = {
     "ops.stats": queries.stats,
-    "ops.dead_letters(500)": lambda conn: queries.dead_letters(conn, DLQ_SIGNAL, DLQ_LIMIT),
+    "ops.dead_letters(200)": lambda conn: queries.dead_letters(conn, DLQ_SIGNAL, DLQ_LIMIT),
     "ops.failures": lambda conn: queries.failures(conn, DLQ_SIGNAL),
     "ops.message_page(50)": lambda conn: queries.message_page(conn, DLQ_SIGNAL, None, None, 50),
 }

@@ -7,7 +7,10 @@ Shape (same fractions at every size, deterministic for a given N and seed):
 * seq follows created_at (emit order) over the last 7 days. The newest 4 % are the backlog:
   the oldest 0.1 % of them are inflight (leased by one of 4 workers), the rest pending.
 * 0.3 % are dead (3,000 at a million), scattered over the older history, 60 % of them
-  tasks.email; each has retries+1 failure rows and as many failed runs.
+  tasks.email; each has retries+1 failure rows and as many failed runs. tasks.email has at least
+  DLQ_PAGE_MIN dead letters at every size, so the console's dead-letter page holds a full page
+  (200 rows) at 1,000 messages as at 1,000,000: the two times then differ by the store's size only,
+  not by how many rows the page draws.
 * 1 % of the delivered messages succeeded on their 2nd attempt (one failure row, two runs),
   5 % of the pending backlog waits for a retry (attempts 1, one failure row, one failed run).
 * Every other attempt has its run row (succeeded), so oke_runs grows with the store as it does live.
@@ -47,6 +50,7 @@ STATUSES = ("pending", "inflight", "delivered", "dead")
 BACKLOG = 0.04
 INFLIGHT = 0.001
 DEAD = 0.003
+DLQ_PAGE_MIN = 250  # > the console's page of 200 (okconsole/screens/dlq.py LIMIT)
 RETRIED_DELIVERED = 0.01
 RETRYING_PENDING = 0.05
 
@@ -90,6 +94,8 @@ def plan(n: int, seed: int = 7) -> tuple[list[int], list[str], Expected]:
         older[sig[i]].append(i)
     for k, spec in enumerate(SIGNALS):
         want = min(len(older[k]), round(total_dead * spec[5]))
+        if spec[0] == "tasks.email":
+            want = max(want, min(len(older[k]), DLQ_PAGE_MIN))
         for i in rng.sample(older[k], want):
             status[i] = "dead"
     exp = Expected(n=n, counts={s[0]: dict.fromkeys(STATUSES, 0) for s in SIGNALS})

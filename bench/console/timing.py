@@ -33,7 +33,7 @@ def summary(samples: list[float]) -> dict[str, Any]:
 def op_calls(store: Any) -> dict[str, Callable[[], Awaitable[Any]]]:
     return {
         "ops.stats": lambda: ops.stats(store),
-        "ops.dead_letters(500)": lambda: ops.dead_letters(store, DLQ_SIGNAL, DLQ_LIMIT),
+        "ops.dead_letters(200)": lambda: ops.dead_letters(store, DLQ_SIGNAL, DLQ_LIMIT),
         "ops.failures": lambda: ops.failures(store, DLQ_SIGNAL),
         "ops.message_page(50)": lambda: ops.message_page(store, DLQ_SIGNAL, None, None, 50),
     }
