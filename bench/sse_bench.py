@@ -5,8 +5,6 @@
     python bench/sse_bench.py --quick    # 200 subscribers for 5 s, one replay
     python bench/sse_bench.py --pg       # also against a private PostgreSQL (tests/pgcluster.py)
     python bench/sse_bench.py --profile  # py-spy the engine server (and emitter) while it fans out / replays
-    python bench/sse_bench.py --experiment coalesce --experiment group-commit   # what-if rows (bench-only
-                                         # patches in bench/sse/experiments.py; engine/ is not touched)
     python bench/sse_bench.py --reps 3   # interleaved repetitions, medians in the table
 
 Every process is separate and on 127.0.0.1:
@@ -295,18 +293,13 @@ async def wait_quiet(args: argparse.Namespace, what: str) -> float:
 
 
 # ------------------------------------------------------------------------------- fan-out
-def experiment_args(experiments: list[str]) -> list[str]:
-    return [a for name in experiments for a in ("--experiment", name)]
-
-
 async def run_fanout(procs: Procs, args: argparse.Namespace, label: str, kind: str, db: str | None,
-                     emit_from: str, experiments: list[str] = []) -> dict:
+                     emit_from: str) -> dict:
     others_before = await wait_quiet(args, label)
     port = free_port()
     uv = ["--uvloop"] if args.uvloop else []
     if kind == "engine":
-        server = await procs.spawn(f"{label} server", PY, SSE / "engine_server.py", "--db", db, "--port", port, *uv,
-                                   *experiment_args(experiments))
+        server = await procs.spawn(f"{label} server", PY, SSE / "engine_server.py", "--db", db, "--port", port, *uv)
         path = LIVE_PATH
     else:
         server = await procs.spawn(f"{label} server", PY, SSE / "bare_server.py", "--port", port, *uv)
@@ -333,7 +326,7 @@ async def run_fanout(procs: Procs, args: argparse.Namespace, label: str, kind: s
     emitter = None
     if emit_from == "process":
         emitter = await procs.spawn(f"{label} emitter", PY, SSE / "emitter.py", "--db", db,
-                                    "--rate", args.rate, "--duration", args.duration, *experiment_args(experiments))
+                                    "--rate", args.rate, "--duration", args.duration)
         await emitter.next(60)
     log(f"    {n_conn} open in {connect_s:.1f}s, server RSS +{(rss1 - rss0) / 1024:.1f} MiB; "
         f"emitting {args.rate:g}/s for {args.duration:g}s ({'another process' if emitter else 'in the server'}) ...")
@@ -388,7 +381,7 @@ async def run_fanout(procs: Procs, args: argparse.Namespace, label: str, kind: s
     missing = max(0, expected - received)
     cpu = cpu_b.since(cpu_a)
     row = {
-        "label": label, "kind": kind, "db": db_kind(db), "emit_from": emit_from, "experiments": experiments,
+        "label": label, "kind": kind, "db": db_kind(db), "emit_from": emit_from,
         "subscribers": n_conn, "failed": failed, "rate": args.rate, "duration_s": args.duration,
         "emit_errors": emitted.get("emit_errors", 0), "emit_error_first": emitted.get("emit_error_first"),
         "emitted": emitted["emitted"] - emitted.get("emit_errors", 0), "emit_start_rate": emitted["start_rate"], "emit_elapsed_s": emitted["elapsed_s"], "emit_behind_s": emitted["behind_s"],
@@ -460,7 +453,7 @@ def db_kind(db: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------- replay
-async def run_replay(procs: Procs, args: argparse.Namespace, label: str, db: str, experiments: list[str] = []) -> dict:
+async def run_replay(procs: Procs, args: argparse.Namespace, label: str, db: str) -> dict:
     await wait_quiet(args, label)
     fill = await procs.spawn(f"{label} fill", PY, SSE / "fill.py", "--db", db, "--events", args.replay_events,
                              "--batch", 1000)
@@ -470,8 +463,7 @@ async def run_replay(procs: Procs, args: argparse.Namespace, label: str, db: str
         f"({info['head'] / info['fill_s']:,.0f}/s through live.append x1000)")
     port = free_port()
     uv = ["--uvloop"] if args.uvloop else []
-    server = await procs.spawn(f"{label} server", PY, SSE / "engine_server.py", "--db", db, "--port", port, *uv,
-                               *experiment_args(experiments))
+    server = await procs.spawn(f"{label} server", PY, SSE / "engine_server.py", "--db", db, "--port", port, *uv)
     await server.next(30)
     await wait_listening(port)
     await warm(port, LIVE_PATH, f"{info['epoch']}.{info['head']}")
@@ -506,7 +498,7 @@ async def run_replay(procs: Procs, args: argparse.Namespace, label: str, db: str
             f"reader {reps[-1]['client_cpu_pct']:.0f}%)")
     await server.finish(20, {"cmd": "quit"})
     rates = sorted(r["per_s"] for r in reps)
-    row = {"label": label, "db": db_kind(db), "experiments": experiments, "events": args.replay_events, "fill_s": info["fill_s"],
+    row = {"label": label, "db": db_kind(db), "events": args.replay_events, "fill_s": info["fill_s"],
            "reps": reps, "per_s_median": rates[len(rates) // 2], "per_s_best": rates[-1]}
     if profile:
         row["profile"] = profile
@@ -539,8 +531,7 @@ def report(fanouts: list[dict], replays: list[dict], args: argparse.Namespace) -
             r["floor_p99"] = lat_ok
             marks = (f"thr {'PASS' if thr_ok else 'FAIL'}  " if ratio is not None else "thr n/a  ") + \
                 f"p99 {'PASS' if lat_ok else 'FAIL'}"
-            if not r.get("experiments"):
-                ok = ok and lat_ok and (thr_ok or ratio is None)
+            ok = ok and lat_ok and (thr_ok or ratio is None)
         r["vs_bare"] = ratio
         log(f"{r['label']:{W}} {r['emit_start_rate']:6.0f} {r['delivered_per_s']:11,.0f} "
             f"{(f'{100 * ratio:6.0f}%' if ratio else '      -'):>7} "
@@ -567,8 +558,7 @@ def report(fanouts: list[dict], replays: list[dict], args: argparse.Namespace) -
         for r in replays:
             good = r["per_s_median"] > FLOOR_REPLAY
             r["floor_replay"] = good
-            if not r.get("experiments"):
-                ok = ok and good
+            ok = ok and good
             mid = sorted(r["reps"], key=lambda x: x["per_s"])[len(r["reps"]) // 2]
             log(f"{r['label']:{W}} {r['per_s_median']:11,.0f} {r['per_s_best']:10,.0f} {mid['ttfb_ms']:7.0f}ms "
                 f"{mid['server_cpu_pct']:6.0f}% {(mid['per_server_cpu_s'] or 0):12,.0f} {mid['client_cpu_pct']:6.0f}% "
@@ -619,27 +609,24 @@ async def main(args: argparse.Namespace) -> int:
             log("starting a private PostgreSQL (tests/pgcluster.py) ...")
             pg = await asyncio.to_thread(lambda: PgCluster().start())
             backends.append(("postgresql", lambda name: pg.create_database(f"oke_sse_{name}")))
-        variants: list[list[str]] = [[]] + args.experiment
-        scenarios: list[tuple[str, str, Any, str, list[str], str]] = []  # label, kind, make_db, emit_from, exp, slug
+        scenarios: list[tuple[str, str, Any, str, str]] = []  # label, kind, make_db, emit_from, slug
         if not args.no_fanout:
             if not args.no_bare:
-                scenarios.append(("bare sse-starlette (in-memory queues)", "bare", None, "server", [], "bare"))
+                scenarios.append(("bare sse-starlette (in-memory queues)", "bare", None, "server", "bare"))
             for kind, make_db in backends:
                 short = "SQLite" if kind == "sqlite" else "PostgreSQL"
-                for exp in variants:
-                    tag = f" [what-if: {'+'.join(exp)}]" if exp else ""
-                    for emit_from in args.emit_from:
-                        where = "emit in server" if emit_from == "server" else "emit from another process"
-                        scenarios.append((f"okengine {short}, {where}{tag}", "engine", make_db, emit_from, exp,
-                                          f"fanout_{emit_from}{'_' + '_'.join(exp).replace('-', '_') if exp else ''}"))
+                for emit_from in args.emit_from:
+                    where = "emit in server" if emit_from == "server" else "emit from another process"
+                    scenarios.append((f"okengine {short}, {where}", "engine", make_db, emit_from,
+                                      f"fanout_{emit_from}"))
         runs: list[dict] = []
         for rep in range(args.reps):
             if args.reps > 1:
                 log(f"fan-out repetition {rep + 1} of {args.reps}")
-            for label, kind, make_db, emit_from, exp, slug in scenarios:
+            for label, kind, make_db, emit_from, slug in scenarios:
                 db = await asyncio.to_thread(make_db, f"{slug}_{rep}") if make_db else None
                 try:
-                    row = await run_fanout(procs, args, label, kind, db, emit_from, exp)
+                    row = await run_fanout(procs, args, label, kind, db, emit_from)
                 except RuntimeError as err:  # one broken scenario must not lose the others
                     log(f"    FAILED: {str(err).splitlines()[0]}")
                     failures.append({"label": label, "error": str(err)})
@@ -651,15 +638,13 @@ async def main(args: argparse.Namespace) -> int:
         if not args.no_replay:
             for kind, make_db in backends:
                 short = "SQLite" if kind == "sqlite" else "PostgreSQL"
-                for exp in variants:
-                    tag = f" [what-if: {'+'.join(exp)}]" if exp else ""
-                    db = await asyncio.to_thread(make_db, f"replay{'_' + '_'.join(exp).replace('-', '_') if exp else ''}")
-                    try:
-                        replays.append(await run_replay(procs, args, f"okengine {short} replay{tag}", db, exp))
-                    except RuntimeError as err:
-                        log(f"    FAILED: {str(err).splitlines()[0]}")
-                        failures.append({"label": f"okengine {short} replay{tag}", "error": str(err)})
-                        await procs.close_all()
+                db = await asyncio.to_thread(make_db, "replay")
+                try:
+                    replays.append(await run_replay(procs, args, f"okengine {short} replay", db))
+                except RuntimeError as err:
+                    log(f"    FAILED: {str(err).splitlines()[0]}")
+                    failures.append({"label": f"okengine {short} replay", "error": str(err)})
+                    await procs.close_all()
         ok = report(fanouts, replays, args)
         for f in failures:
             log(f"FAILED scenario {f['label']}: {f['error'].splitlines()[0]}")
@@ -682,14 +667,6 @@ async def main(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _experiment(value: str) -> list[str]:
-    names = [x for x in value.split(",") if x]
-    for name in names:
-        if name not in ("coalesce", "group-commit"):
-            raise argparse.ArgumentTypeError(f"unknown experiment {name!r} (coalesce, group-commit)")
-    return names
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="200 subscribers for 5 s, one replay rep")
@@ -709,10 +686,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fanout", action="store_true")
     p.add_argument("--no-replay", action="store_true")
     p.add_argument("--uvloop", action="store_true", help="run both servers on uvloop (default: asyncio)")
-    p.add_argument("--experiment", type=_experiment, action="append", default=[],
-                   help="also run the engine with bench-only patches (bench/sse/experiments.py): coalesce, "
-                        "group-commit, or both as coalesce,group-commit; repeat for several variants; the verdict "
-                        "counts stock rows only")
     p.add_argument("--profile", action="store_true", help="py-spy the engine server (fan-out and last replay)")
     p.add_argument("--quiet-cores", type=float, default=0.3,
                    help="before each scenario, wait until other processes use fewer cores than this")

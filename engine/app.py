@@ -10,6 +10,7 @@ from typing import Any
 
 from . import payloads
 from .bus import live
+from .bus.appender import AppendInterrupted, LiveAppender
 from .bus.routing import rows_for
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
@@ -63,6 +64,7 @@ class OkeApp:
         self._stop_requested = asyncio.Event()
         self._bound_cache: dict[str, tuple[float, list[str]]] = {}
         self._http: HttpServer | None = None
+        self._appender: LiveAppender | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "OkeApp":
@@ -94,6 +96,7 @@ class OkeApp:
             raise
         self.manifest = manifest
         self.store = store
+        self._appender = LiveAppender(store, self._wake_live)
         self._stop_requested = asyncio.Event()
 
     async def stop(self) -> None:
@@ -108,8 +111,13 @@ class OkeApp:
                 self._http._hubs.close()
                 self._http._hubs = None
         if self.store is not None:
-            store, self.store = self.store, None
-            await store.close()
+            appender, self._appender = self._appender, None
+            try:
+                if appender is not None:
+                    await appender.close()  # queued live appends commit (or fail) before the store goes
+            finally:
+                store, self.store = self.store, None
+                await store.close()
 
     def _require_store(self) -> Store:
         if self.store is None:
@@ -181,19 +189,27 @@ class OkeApp:
         return msg_id
 
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
-        """Append to the tape in one transaction; every connected stream on every process sees it."""
-        assert self.store is not None
+        """Append to the tape; every connected stream on every process sees it.
+
+        Concurrent emits on one tape share a transaction (engine/bus/appender.py): one fsync or
+        round trip for many events is what keeps emit→receive latency low under load.
+        """
+        if self._appender is None:
+            raise AppendInterrupted(f'emit("{signal.name}"): the app is closing, so the event was not stored')
         try:
-            ids = await self.store.write(lambda conn: live.append(conn, signal, [encoded], parent_run_id))
+            return await self._appender.append(signal, encoded, parent_run_id)
+        except AppendInterrupted:
+            raise
         except Exception as err:
             if not is_outage(err):
                 raise
             raise StoreUnavailable(f'emit("{signal.name}"): the store did not confirm the append, so the '
                                    f"event may not be stored ({describe(err)})") from err
-        if self._http is not None:
-            self._http.wake(signal.name)
-        return ids[0]
 
+    def _wake_live(self, signal_name: str) -> None:
+        """After a committed append: the local hub reads it now rather than at its next poll."""
+        if self._http is not None:
+            self._http.wake(signal_name)
 
     # -- HTTP ------------------------------------------------------------------------------
     @property

@@ -763,3 +763,61 @@ async def test_a_stream_too_slow_for_the_hub_catches_up_from_the_store(db_url, m
             assert [line[4:].decode() for line in body.split(b"\n") if line.startswith(b"id: ")] == ids + [later]
         finally:
             writer.close()
+
+
+# ------------------------------------------------------------------------- coalesced writes
+
+async def test_a_stream_writes_each_replay_page_and_every_waiting_batch_as_one_chunk(db_url):
+    """The body generator itself (real store, real hub): a replay page is one chunk, and hub batches
+    that queued up while the stream was busy go out together, in order, each event once."""
+    from engine.bus.hub import HubRegistry
+    from engine.http.sse import StreamControl, live_stream
+
+    ticks = signal.live("ticks", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        store = app.store
+        for start in range(0, 2500, 500):
+            await store.write(lambda c, s=start: live.append(c, ticks, [json.dumps({"n": n})
+                                                                       for n in range(s, s + 500)], None))
+        epoch = (await store.read(lambda c: live.state(c, "ticks"))).epoch
+        hubs, control = HubRegistry(store), StreamControl()
+        body = live_stream(store, hubs, control, "ticks", epoch, 0, None, heartbeat_s=60)
+
+        def ids(chunk: bytes) -> list[int]:
+            return [int(line.split(b".")[1]) for line in chunk.split(b"\n") if line.startswith(b"id: ")]
+
+        chunks = [await anext(body) for _ in range(3)]
+        assert [len(ids(c)) for c in chunks] == [1000, 1000, 500]
+        assert [i for c in chunks for i in ids(c)] == list(range(1, 2501))
+        assert chunks[0].startswith(f'id: {epoch}.1\ndata: {{"n": 0}}\n\n'.encode())
+        sub = next(iter(control.subscriptions))
+        for k in range(3):  # three appends the hub reads one by one while the stream sends nothing
+            await app.emit(ticks, {"live": k})
+            async with asyncio.timeout(10):
+                while sub.queue.qsize() < k + 1:
+                    await asyncio.sleep(0.01)
+        chunk = await anext(body)
+        assert ids(chunk) == [2501, 2502, 2503]
+        assert [json.loads(line[6:]) for line in chunk.split(b"\n") if line.startswith(b"data: ")] == [
+            {"live": 0}, {"live": 1}, {"live": 2}]
+        control.close_all()
+        assert await anext(body) == b"data: [DONE]\n\n"
+        with pytest.raises(StopAsyncIteration):
+            await anext(body)
+        hubs.close()
+
+
+async def test_a_filtered_stream_coalesces_too_and_keeps_only_its_events(db_url):
+    status = declare()
+    app = oke("shop", database_url=db_url)
+    async with app, serving(app) as base, httpx.AsyncClient(timeout=30) as c:
+        early = [await app.emit(status, {"orderId": "a" if n % 3 else "b", "n": n}) for n in range(30)]
+        async with sse(c, f"{base}/orders/a/events", AUTH) as s:
+            replayed = await s.events(20, timeout=20)
+            later = await asyncio.gather(*(app.emit(status, {"orderId": "a" if n % 3 else "b", "n": n})
+                                           for n in range(30, 330)))
+            followed = await s.events(200, timeout=30)
+            assert await s.silent_for(0.2)
+    wanted = [i for n, i in enumerate(early + later) if n % 3]
+    assert [f.id for f in replayed + followed] == wanted
+    assert [f.value["n"] for f in replayed + followed] == [n for n in range(330) if n % 3]

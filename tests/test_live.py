@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from engine import Unauthorized, gate, http, oke, on, signal
+from engine.bus import live
+from engine.store import schema
 from livekit import data_of, read_frames, serving
 
 
@@ -118,3 +122,118 @@ async def test_an_emitter_without_the_exposure_finds_the_one_another_process_rec
             await producer.emit(lonely, {"x": 1})
         assert err.value.code == 1240
     assert status.name == bare.name
+
+
+# ------------------------------------------------------------------ group commit of live appends
+
+class CountingWrites:
+    """Counts store.write calls (one per transaction) on one app's store instance."""
+
+    def __init__(self, app) -> None:
+        self.count = 0
+        original = app.store.write
+
+        async def write(fn):
+            self.count += 1
+            return await original(fn)
+
+        app.store.write = write
+
+
+def seq_of(event_id: str) -> int:
+    return int(event_id.split(".")[1])
+
+
+async def test_concurrent_emits_share_a_transaction_and_stream_once_in_order(db_url):
+    status = declare()
+    app = oke("shop", database_url=db_url)
+    async with app, serving(app) as base, httpx.AsyncClient(timeout=30) as client:
+        first = await app.emit(status, {"orderId": "o", "n": -1})
+        epoch = first.split(".")[0]
+        reader = asyncio.create_task(read_frames(client, f"{base}/_oke/live/order-status", 201, AUTH,
+                                                 timeout=30))
+        while not any(h.subscribers and h.ready.is_set() for h in app.asgi.hubs().hubs.values()):
+            await asyncio.sleep(0.01)  # the stream is live: what follows comes through the hub
+        writes = CountingWrites(app)
+        ids = await asyncio.gather(*(app.emit(status, {"orderId": "o", "n": n}) for n in range(200)))
+        assert writes.count < 20, f"{writes.count} transactions for 200 concurrent emits"
+        assert len(set(ids)) == 200
+        assert [seq_of(i) for i in ids] == list(range(2, 202)), "ids follow emit order"
+        _response, frames = await reader
+        tape = await app.store.read(lambda c: live.read_after(c, "order-status", 0, 1000))
+    assert [e.seq for e in tape] == list(range(1, 202))
+    assert [json.loads(e.payload)["n"] for e in tape] == list(range(-1, 200))  # tape order = emit order
+    assert [f["id"] for f in frames] == [first] + ids  # every event exactly once, in order
+    assert [d["n"] for d in data_of(frames)] == list(range(-1, 200))
+    assert all(i.startswith(f"{epoch}.") for i in ids)
+
+
+async def test_a_batch_keeps_each_emits_parent_run_id(db_url):
+    status = signal.live("ticks", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        await app.emit(status, {"i": -1}, parent_run_id="run_0")  # caches the bindings
+        writes = CountingWrites(app)
+        parents = [None, "run_a", "run_a", "run_b", None, "run_c"]
+        ids = await asyncio.gather(*(app.emit(status, {"i": i}, parent_run_id=p) for i, p in enumerate(parents)))
+        assert writes.count < len(parents)
+        rows = await app.store.read(lambda c: c.execute(
+            select(schema.tape_events.c.seq, schema.tape_events.c.parent_run_id)
+            .where(schema.tape_events.c.signal == "ticks").order_by(schema.tape_events.c.seq)).all())
+    assert [seq_of(i) for i in ids] == [r[0] for r in rows][1:] == list(range(2, 8))
+    assert [r[1] for r in rows] == ["run_0"] + parents
+
+
+async def test_a_store_error_reaches_every_caller_of_its_batch(db_url):
+    status = signal.live("ticks", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        await app.emit(status, {"i": -1})  # the bindings are read and cached: the next emits queue at once
+        original = app.store.write
+        failures = 1
+
+        async def write(fn):
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise ValueError("not an outage")
+            return await original(fn)
+
+        app.store.write = write
+        results = await asyncio.gather(*(app.emit(status, {"i": i}) for i in range(10)), return_exceptions=True)
+        assert all(isinstance(r, ValueError) for r in results), results
+        ids = await asyncio.gather(*(app.emit(status, {"i": i}) for i in range(10)))  # the next batch commits
+        assert [seq_of(i) for i in ids] == list(range(2, 12))
+
+
+async def test_a_caller_cancelled_while_queued_is_left_out(db_url):
+    status = signal.live("ticks", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        await app.emit(status, {"i": -1})  # the bindings are read and cached: the next emits queue at once
+        tasks = [asyncio.create_task(app.emit(status, {"i": i})) for i in range(10)]
+        await asyncio.sleep(0)  # every emit is queued; the flusher has not run yet
+        tasks[3].cancel()
+        tasks[5].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[3], asyncio.CancelledError) and isinstance(done[5], asyncio.CancelledError)
+        kept = [d for d in done if isinstance(d, str)]
+        assert [seq_of(i) for i in kept] == list(range(2, 10))
+        tape = await app.store.read(lambda c: live.read_after(c, "ticks", 0, 100))
+    assert [json.loads(e.payload)["i"] for e in tape] == [-1, 0, 1, 2, 4, 6, 7, 8, 9]
+
+
+async def test_close_flushes_pending_appends_and_leaves_no_task(db_url):
+    status = signal.live("ticks", optional=True)
+    app = oke("shop", database_url=db_url)
+    await app.start()
+    await app.emit(status, {"i": -1})
+    tasks = [asyncio.create_task(app.emit(status, {"i": i})) for i in range(50)]
+    await asyncio.sleep(0)  # queued, the first transaction about to start
+    await app.close()
+    assert all(t.done() for t in tasks)
+    ids = [t.result() for t in tasks]  # flushed before the store closed, none dropped
+    assert [seq_of(i) for i in ids] == list(range(2, 52))
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("oke-append")]
+    with pytest.raises(RuntimeError):
+        await app.emit(status, {"i": "late"})
+    async with oke("shop", database_url=db_url) as again:
+        tape = await again.store.read(lambda c: live.read_after(c, "ticks", 0, 100))
+    assert [json.loads(e.payload)["i"] for e in tape] == list(range(-1, 50))

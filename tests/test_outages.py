@@ -274,6 +274,26 @@ async def test_emit_while_down_raises_and_works_again_once_back(pg: PgCluster, p
     assert len(stored) == len(set(stored)) == 16
 
 
+@pytest.mark.postgres
+async def test_concurrent_live_emits_while_down_all_raise_then_share_a_transaction(pg: PgCluster, pg_db: str):
+    """Live emits are group-committed: every caller waiting on a batch the outage hit gets the
+    StoreUnavailable one emit gets, and once the server is back the next batch commits."""
+    status = signal.live("status", optional=True)
+    async with oke("shop", database_url=pg_db) as app:
+        before = await app.emit(status, {"before": True})
+        async with pg_down(pg):
+            results = await asyncio.gather(*(app.emit(status, {"during": i}) for i in range(20)),
+                                           return_exceptions=True)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        for r in results:
+            text = one_line(r)
+            assert 'emit("status")' in text and "did not confirm the append" in text, text
+        after = await asyncio.gather(*(app.emit(status, {"after": i}) for i in range(20)))
+    assert [int(i.split(".")[1]) for i in [before, *after]] == list(range(1, 22))
+    rows = await fetch(pg_db, "SELECT payload FROM oke_tape_events ORDER BY seq")
+    assert [json.loads(p) for (p,) in rows] == [{"before": True}] + [{"after": i} for i in range(20)]
+
+
 async def _sse_reader(client: httpx.AsyncClient, url: str, frames: list[dict[str, str]],
                       opened: list[float]) -> None:
     """One connection for the whole test: every frame it carries, heartbeats included."""
@@ -479,6 +499,25 @@ async def test_sqlite_emit_waits_for_a_lock_shorter_than_the_busy_timeout(tmp_pa
         finally:
             holder.wait(10)
         assert await status_counts(app) == {"pending": 1}
+
+
+async def test_sqlite_concurrent_live_emits_behind_a_held_lock_all_raise(tmp_path: Path):
+    path = str(tmp_path / "oke.db")
+    status = signal.live("status", optional=True)
+    async with oke("shop", database_url=f"sqlite+aiosqlite:///{path}", busy_timeout_ms=300) as app:
+        await app.emit(status, {"before": True})
+        holder = await asyncio.to_thread(hold_write_lock, path, 1.5)
+        try:
+            results = await asyncio.gather(*(app.emit(status, {"during": i}) for i in range(20)),
+                                           return_exceptions=True)
+        finally:
+            await asyncio.to_thread(holder.wait, 30)
+        assert all(isinstance(r, StoreUnavailable) for r in results), results
+        for r in results:
+            text = one_line(r)
+            assert 'emit("status")' in text and "did not confirm the append" in text and "locked" in text, text
+        after = await asyncio.gather(*(app.emit(status, {"after": i}) for i in range(5)))
+    assert [int(i.split(".")[1]) for i in after] == list(range(2, 7))
 
 
 @pytest.mark.parametrize("how", ["moved_away_and_back", "removed"])

@@ -22,9 +22,6 @@ from engine_server import declare  # noqa: E402
 async def main(args: argparse.Namespace) -> None:
     from engine import oke
 
-    if args.experiment:
-        import experiments
-        experiments.apply(args.experiment)
     sig = declare()  # the emitter declares the exposure too, else emit() refuses (OKE1240)
     async with oke("sse-bench-emitter", database_url=args.db) as app:
         say(ready=True)
@@ -40,5 +37,4 @@ if __name__ == "__main__":
     parser.add_argument("--db", required=True)
     parser.add_argument("--rate", type=float, required=True)
     parser.add_argument("--duration", type=float, required=True)
-    parser.add_argument("--experiment", action="append", default=[], choices=["coalesce", "group-commit"])
     asyncio.run(main(parser.parse_args()))

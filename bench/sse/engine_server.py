@@ -1,6 +1,6 @@
 """The okengine side: `app.serve()` with one public firehose, in its own process.
 
-    python bench/sse/engine_server.py --db URL --port P [--uvloop] [--experiment NAME ...]
+    python bench/sse/engine_server.py --db URL --port P [--uvloop]
 
 stdin takes JSON commands: {"cmd": "emit", "rate": R, "duration": S} emits from inside this process
 (`app.emit`, which also wakes the local hub at once) and answers with one JSON line;
@@ -31,9 +31,6 @@ def declare():
 async def main(args: argparse.Namespace) -> None:
     from engine import oke
 
-    if args.experiment:
-        import experiments
-        experiments.apply(args.experiment)
     sig = declare()
     app = oke("sse-bench", database_url=args.db)
     loop = asyncio.get_running_loop()
@@ -63,8 +60,6 @@ if __name__ == "__main__":
     parser.add_argument("--db", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--uvloop", action="store_true")
-    parser.add_argument("--experiment", action="append", default=[], choices=["coalesce", "group-commit"],
-                        help="bench-only what-if patches (bench/sse/experiments.py)")
     ns = parser.parse_args()
     if ns.uvloop:
         import uvloop

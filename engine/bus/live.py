@@ -11,7 +11,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from sqlalchemy import Connection, delete, func, select, text, update
 
@@ -100,13 +100,21 @@ def ensure_tape(conn: Connection, signal: str) -> None:
     _lock_tape(conn, signal)
 
 
-def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: str | None) -> list[str]:
-    """Append events in one transaction, prune by retention, notify readers; returns their ids."""
+def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: str | None,
+           parent_run_ids: Sequence[str | None] | None = None) -> list[str]:
+    """Append events in one transaction, prune by retention, notify readers; returns their ids.
+
+    `parent_run_ids`, when given, is one parent per payload (a group commit joins emits from
+    different runs into one transaction); otherwise every event gets `parent_run_id`.
+    """
+    if parent_run_ids is not None and len(parent_run_ids) != len(payloads):
+        raise ValueError("live.append: one parent_run_id per payload")
+    parents = parent_run_ids if parent_run_ids is not None else [parent_run_id] * len(payloads)
     row = _lock_tape(conn, sig.name)
     now = now_ms()
     first = row.head + 1
     conn.execute(e.insert(), [{"signal": sig.name, "seq": first + i, "payload": p, "created_at": now,
-                               "parent_run_id": parent_run_id} for i, p in enumerate(payloads)])
+                               "parent_run_id": parents[i]} for i, p in enumerate(payloads)])
     head = row.head + len(payloads)
     conn.execute(update(t).where(t.c.signal == sig.name).values(head=head))
     _prune(conn, sig, head, row.pruned_through, now)

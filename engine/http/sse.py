@@ -66,17 +66,41 @@ def _accept(match: Match | None, value: Any) -> bool:
 REPLAY_BATCH = 1000
 
 
-async def _replay(store: Store, signal: str, epoch: str, after: int, until: int | None = None
-                  ) -> AsyncIterator[live.LiveItem]:
+def _frames(epoch: str, events: list[live.TapeEvent], match: Match | None) -> bytes:
+    """The frames of stored events as one chunk: built straight from the stored JSON when there is
+    no filter (no decode per event), else decoded once each to ask `match`."""
+    if match is None:
+        return "".join(f"id: {epoch}.{ev.seq}\ndata: {ev.payload}\n\n" for ev in events).encode()
+    return b"".join(item.frame for item in live.items(epoch, events) if _accept(match, item.value))
+
+
+async def _pages(store: Store, signal: str, epoch: str, after: int, match: Match | None,
+                 until: int | None = None) -> AsyncIterator[tuple[int, bytes]]:
+    """(seq of the page's last event, its frames that pass `match`) per stored page after `after`
+    (through `until`): one chunk per page, since a write per frame is what a replay costs."""
     while True:
         events = await store.read(lambda c: live.read_after(c, signal, after, REPLAY_BATCH))
-        for item in live.items(epoch, events):
-            if until is not None and item.seq > until:
-                return
-            after = item.seq
-            yield item
-        if len(events) < REPLAY_BATCH:
+        kept = events if until is None else [ev for ev in events if ev.seq <= until]
+        if kept:
+            after = kept[-1].seq
+            yield after, _frames(epoch, kept, match)
+        if len(events) < REPLAY_BATCH or len(kept) < len(events):
             return  # a short page is the end of what was committed when it was read
+
+
+_NOTHING: Any = object()  # no marker held back by _drain (None is a marker: dropped)
+
+
+def _drain(sub: Subscription, first: list[live.LiveItem]) -> tuple[list[list[live.LiveItem]], Any]:
+    """`first` and every batch already waiting behind it, so they go out in one write; a marker
+    (DONE, RESET, None for dropped) met on the way is returned, to be handled after them."""
+    batches = [first]
+    while not sub.queue.empty():
+        more = sub.queue.get_nowait()
+        if not isinstance(more, list):
+            return batches, more
+        batches.append(more)
+    return batches, _NOTHING
 
 
 async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, signal: str, epoch: str,
@@ -84,6 +108,9 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
                       first_page: list[live.TapeEvent] | None = None, page_head: int = 0
                       ) -> AsyncIterator[bytes]:
     """Every retained event after `after_seq` that passes `match`, then live ones, without a hole.
+
+    Whatever is ready goes out as one chunk: a replay page, or every hub batch waiting in the
+    queue. A write (ASGI send, socket write) per frame per subscriber was the fan-out cost.
 
     A heartbeat goes out whenever nothing was written for `heartbeat_s`, counted from the last
     write rather than the last batch: a filtered stream over a busy tape sends no events, and its
@@ -98,17 +125,19 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
     control.subscriptions.add(sub)
     last = after_seq
     sent_at = loop.time()
+    held: Any = _NOTHING  # a marker _drain met after the batches it sent
     try:
         # The hub offers every event after its `last_seq` from the moment it is ready; replaying the
         # store after that moment covers everything up to it, so no event falls between the two.
         await hub.ready.wait()
         replay_from: int | None = last
         if first_page is not None:
-            for item in live.items(epoch, first_page):
-                last = item.seq
-                if _accept(match, item.value):
+            if first_page:
+                last = first_page[-1].seq
+                chunk = _frames(epoch, first_page, match)
+                if chunk:
                     sent_at = loop.time()
-                    yield item.frame
+                    yield chunk
             if len(first_page) < REPLAY_BATCH:
                 last = max(last, page_head)  # the page held everything committed up to its head
                 # the hub offers what follows its last_seq; the store fills anything in between
@@ -116,25 +145,27 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
             else:
                 replay_from = last
         if replay_from is not None:
-            async for item in _replay(store, signal, epoch, replay_from):
-                last = item.seq
-                if _accept(match, item.value):
+            async for last, chunk in _pages(store, signal, epoch, replay_from, match):
+                if chunk:
                     sent_at = loop.time()
-                    yield item.frame
+                    yield chunk
                 if control.closing:
                     break
         while not control.closing:
-            wait = sent_at + heartbeat_s - loop.time()
             batch: list[live.LiveItem] | str | None
-            try:
-                if wait <= 0:
-                    raise TimeoutError
-                async with asyncio.timeout(wait):
-                    batch = await sub.queue.get()
-            except TimeoutError:
-                sent_at = loop.time()
-                yield f"id: {epoch}.{last}\n\n".encode() if match is not None and last else b":\n\n"
-                continue
+            if held is not _NOTHING:
+                batch, held = held, _NOTHING
+            else:
+                wait = sent_at + heartbeat_s - loop.time()
+                try:
+                    if wait <= 0:
+                        raise TimeoutError
+                    async with asyncio.timeout(wait):
+                        batch = await sub.queue.get()
+                except TimeoutError:
+                    sent_at = loop.time()
+                    yield f"id: {epoch}.{last}\n\n".encode() if match is not None and last else b":\n\n"
+                    continue
             if batch == DONE:
                 break
             if batch == RESET:
@@ -149,32 +180,40 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
                 control.subscriptions.discard(old)
                 old_hub.unsubscribe(old)
                 await hub.ready.wait()
-                async for item in _replay(store, signal, epoch, last):
-                    last = item.seq
-                    if _accept(match, item.value):
+                async for last, chunk in _pages(store, signal, epoch, last, match):
+                    if chunk:
                         sent_at = loop.time()
-                        yield item.frame
+                        yield chunk
                 continue
             assert isinstance(batch, list)
-            if not batch[0].id.startswith(f"{epoch}."):
-                break  # the tape was reset under this stream: end it; the client's resume gets 410 reset
-            if batch[-1].seq <= last:
-                continue
-            if batch[0].seq > last + 1:
-                async for item in _replay(store, signal, epoch, last, until=batch[0].seq - 1):
-                    last = item.seq
-                    if _accept(match, item.value):
+            batches, held = _drain(sub, batch)
+            parts: list[bytes] = []
+            reset = False
+            for items in batches:
+                if not items[0].id.startswith(f"{epoch}."):
+                    reset = True  # the tape was reset under this stream: end it (resume gets 410 reset)
+                    break
+                if items[-1].seq <= last:
+                    continue
+                if items[0].seq > last + 1:  # a hole between what was sent and the hub: fill from the store
+                    if parts:
                         sent_at = loop.time()
-                        yield item.frame
-            frames = []  # one write per batch: a socket write per frame per subscriber is the fan-out cost
-            for item in batch:
-                if item.seq > last:
-                    last = item.seq
-                    if _accept(match, item.value):
-                        frames.append(item.frame)
-            if frames:
+                        yield b"".join(parts)
+                        parts = []
+                    async for last, chunk in _pages(store, signal, epoch, last, match, until=items[0].seq - 1):
+                        if chunk:
+                            sent_at = loop.time()
+                            yield chunk
+                for item in items:
+                    if item.seq > last:
+                        last = item.seq
+                        if _accept(match, item.value):
+                            parts.append(item.frame)
+            if parts:
                 sent_at = loop.time()
-                yield b"".join(frames)
+                yield b"".join(parts)
+            if reset:
+                break
         yield DONE_FRAME
     finally:
         control.subscriptions.discard(sub)
