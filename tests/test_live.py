@@ -237,3 +237,33 @@ async def test_close_flushes_pending_appends_and_leaves_no_task(db_url):
     async with oke("shop", database_url=db_url) as again:
         tape = await again.store.read(lambda c: live.read_after(c, "ticks", 0, 100))
     assert [json.loads(e.payload)["i"] for e in tape] == list(range(-1, 50))
+
+
+async def test_a_hub_with_many_subscribers_paces_its_reads_and_loses_nothing(db_url):
+    """With 1,000 streams each read costs 1,000 writes: the hub spaces its reads (≤ 20 ms), so a
+    steady trickle of emits reaches each subscriber in fewer, fuller batches, all events in order."""
+    from engine.bus.hub import PACE_MAX_S, HubRegistry
+
+    ticks = signal.live("ticks", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        hubs = HubRegistry(app.store)
+        hub = hubs.hub("ticks")
+        subs = [hub.subscribe() for _ in range(1000)]
+        assert hub.pace_s() == PACE_MAX_S
+        await asyncio.wait_for(hub.ready.wait(), 10)
+        ids = []
+        for n in range(40):  # one emit every 2 ms: unpaced, nearly every read would carry one event
+            ids.append(await app.emit(ticks, {"n": n}))
+            hubs.wake("ticks")
+            await asyncio.sleep(0.002)
+        async with asyncio.timeout(10):
+            while sum(len(b) for b in list(subs[0].queue._queue)) < 40:
+                await asyncio.sleep(0.01)
+        for sub in (subs[0], subs[-1]):
+            batches = list(sub.queue._queue)
+            assert [item.id for batch in batches for item in batch] == ids
+            assert len(batches) <= 20, f"{len(batches)} reads for 40 events 2 ms apart"
+        few = hubs.hub("other")
+        few.subscribe()
+        assert few.pace_s() < 0.0001  # a handful of streams is not held back
+        hubs.close()
