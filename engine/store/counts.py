@@ -8,7 +8,7 @@ SQLite has one writer at a time, so row triggers update `oke_counts` directly. P
 concurrent writers: updating one counter row per status would serialise every claim and settle on that
 row's lock, so statement triggers append deltas to `oke_count_deltas` (insert-only, no contention) and
 `compact` folds them into `oke_counts` now and then, under an advisory lock. A count is always
-`oke_counts.n` plus its pending deltas, read in one snapshot, so it is exact at any moment.
+`oke_counts.n` plus its pending deltas, read in one statement, so it is exact at any moment.
 """
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def install(conn: Connection) -> None:
 
 
 def status_counts(conn: Connection) -> dict[tuple[str, str], int]:
-    """(signal, status) -> messages, exact in this transaction's snapshot."""
+    """(signal, status) -> messages, exact as of this statement's snapshot (one statement reads
+    the counters and the pending deltas, so a concurrent fold is seen whole or not at all)."""
     c, d = schema.counts, schema.count_deltas
     parts = union_all(select(c.c.signal, c.c.status, c.c.n), select(d.c.signal, d.c.status, d.c.n)).subquery()
     rows = conn.execute(select(parts.c.signal, parts.c.status, func.sum(parts.c.n))
