@@ -76,7 +76,11 @@ class WorkerPool:
         self.outcome_ready = asyncio.Event()
         self.settled = asyncio.Event()
         self.settle_count = 0  # finished settles; drain compares it across a claim
-        self.settling = False
+        self.settles_in_flight = 0
+        # Set while the claim loop is about to claim (or waits for a slot to claim into): on stores
+        # that settle with claims, the outcomes ride along with that claim (one commit, not two)
+        # and the settler leaves them; it settles them itself only when no claim is coming.
+        self.claim_pending = False
         self.stopping = False
         self.store_back = asyncio.Event()  # set by each successful claim: cuts a settle back-off short
 
@@ -88,7 +92,10 @@ class WorkerPool:
         waker = self.store.waker()
         settler = asyncio.create_task(self._settle_loop(), name="oke-settler")
         try:
-            await self._claim_loop(waker, until_idle)
+            try:
+                await self._claim_loop(waker, until_idle)
+            finally:
+                self._claim_idle()  # no more claims: the settler takes every outcome from here on
             if self.running:
                 await self._finish_running()
         finally:
@@ -119,11 +126,19 @@ class WorkerPool:
                 continue
             waker.clear()
             settles_before = self.settle_count
+            outcomes = self._outcomes_for_claim()
             try:
-                batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
+                if outcomes:
+                    _held, batch = await self.store.settle_and_claim(
+                        self.app.worker_id, outcomes, self.queues, self.app.lease_ms, free)
+                else:
+                    batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
                 backoff = 0.05
                 self.store_back.set()
             except Exception as err:
+                if outcomes:  # not settled: back to the settler, which retries or gives up as usual
+                    self.pending_outcomes[:0] = outcomes
+                    self.outcome_ready.set()
                 if not is_outage(err):
                     raise
                 log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff)
@@ -131,6 +146,11 @@ class WorkerPool:
                 await _wait_any(stop, waker.event, timeout=backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
+            finally:
+                if outcomes:
+                    self.settles_in_flight -= 1
+                    self.settle_count += 1
+                    self.settled.set()
             for claimed in batch:
                 task = asyncio.create_task(self._attempt(claimed))
                 self.running.add(task)
@@ -138,17 +158,38 @@ class WorkerPool:
             if batch:
                 continue
             if until_idle:
-                idle = not self.running and not self.pending_outcomes and not self.settling
+                self._claim_idle()
+                idle = not self.running and not self.pending_outcomes and not self.settles_in_flight
                 if idle and settles_before == self.settle_count:
                     return
                 await _wait_any(self.slot_free, self.settled, stop, waker.event, timeout=IDLE_POLL_S)
                 self.slot_free.clear()
                 self.settled.clear()
                 continue
+            self._claim_idle()
             waits = [asyncio.ensure_future(waker.wait(IDLE_POLL_S)), asyncio.ensure_future(stop.wait())]
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+
+    def _outcomes_for_claim(self) -> list[Outcome]:
+        """The pending outcomes, taken to be settled in the claim's transaction, where the store
+        does that (`settles_with_claims`); none otherwise."""
+        self.claim_pending = True
+        if not self.store.settles_with_claims or not self.pending_outcomes:
+            return []
+        outcomes, self.pending_outcomes = self.pending_outcomes, []
+        self.settles_in_flight += 1
+        return outcomes
+
+    def _claim_idle(self) -> None:
+        """No claim is coming soon (the queues are empty): outcomes still waiting go to the settler."""
+        self.claim_pending = False
+        if self.pending_outcomes:
+            self.outcome_ready.set()
+
+    def _settler_leaves_outcomes(self) -> bool:
+        return self.store.settles_with_claims and self.claim_pending and not self.stopping
 
     def _release(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
@@ -188,14 +229,14 @@ class WorkerPool:
     async def _settle_loop(self) -> None:
         backoff = 0.05
         while True:
-            if not self.pending_outcomes:
-                if self.stopping and not self.running:
+            if not self.pending_outcomes or self._settler_leaves_outcomes():
+                if self.stopping and not self.running and not self.pending_outcomes:
                     return
                 self.outcome_ready.clear()
                 await self.outcome_ready.wait()
                 continue
             batch, self.pending_outcomes = self.pending_outcomes, []
-            self.settling = True
+            self.settles_in_flight += 1
             self.store_back.clear()
             try:
                 await self.store.settle(self.app.worker_id, batch)
@@ -217,7 +258,7 @@ class WorkerPool:
                     log.error("giving up settling %d outcomes at stop; they will be reclaimed", len(batch))
                     return
             finally:
-                self.settling = False
+                self.settles_in_flight -= 1
                 self.settle_count += 1
             self.settled.set()
 

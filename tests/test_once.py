@@ -567,3 +567,41 @@ async def test_drain_returns_when_nothing_is_eligible(db_url):
         await app.emit(jobs, 0)
         await app.drain()
     assert count == 4
+
+
+async def test_sqlite_settles_each_outcome_with_the_next_claim(sqlite_url):
+    """On SQLite the claim after a batch carries that batch's outcomes: one transaction (one fsync)
+    per claim cycle instead of two, with retries, dead letters and runs exactly as before."""
+    jobs = signal.once("t.cycle", retries=1)
+    calls: list[tuple[int, int]] = []
+
+    @on(jobs)
+    @flow("w.cycle")
+    async def handle(payload, fx):
+        calls.append((payload, fx.attempt))
+        if payload % 10 == 0:
+            raise RuntimeError("every tenth fails")
+
+    async with oke("t", database_url=sqlite_url) as app:
+        ids = [await app.emit(jobs, n) for n in range(100)]
+        store = app.store
+        counted = {"claim": 0, "settle": 0, "settle_and_claim": 0}
+        for name in counted:
+            method = getattr(store, name)
+
+            async def counting(*args, _name=name, _method=method, **kwargs):
+                counted[_name] += 1
+                return await _method(*args, **kwargs)
+            setattr(store, name, counting)
+        await app.drain(concurrency=1)
+        assert counted["settle_and_claim"] >= 100  # nearly every claim carried the previous outcome
+        assert counted["claim"] + counted["settle"] <= 5, counted
+        rows = await fetch(sqlite_url, "SELECT status, attempts FROM oke_messages ORDER BY seq")
+        runs = await fetch(sqlite_url, "SELECT status, count(*) FROM oke_runs GROUP BY status")
+        failures = await scalar(sqlite_url, "SELECT count(*) FROM oke_failures")
+    assert [r[0] for r in rows] == ["dead" if n % 10 == 0 else "delivered" for n in range(100)]
+    assert [r[1] for r in rows] == [2 if n % 10 == 0 else 1 for n in range(100)]
+    assert dict(runs) == {"succeeded": 90, "failed": 20}
+    assert failures == 20
+    assert sorted(calls) == sorted([(n, 1) for n in range(100)] + [(n, 2) for n in range(0, 100, 10)])
+    assert len(ids) == 100

@@ -159,6 +159,16 @@ class Store(abc.ABC):
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
 
+    # True where settling and claiming in one transaction saves a commit without losing overlap:
+    # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
+    settles_with_claims: bool = False
+
+    async def settle_and_claim(self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str],
+                               lease_ms: int, limit: int) -> tuple[list[bool], list[Claimed]]:
+        """`settle(outcomes)` then `claim(...)`; atomic (one commit) where `settles_with_claims`."""
+        held = await self.settle(worker_id, outcomes) if outcomes else []
+        return held, await self.claim(queues, worker_id, lease_ms, limit)
+
     @abc.abstractmethod
     def waker(self) -> "Waker":
         """A wake-up source for one worker loop: set when new work may be ready."""
