@@ -210,43 +210,13 @@ class PostgresStore(Store):
         return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        # Not joined with the next claim (SQLite does that): here the settle runs on its own
+        # connection while the next claim is in flight, and that overlap is worth more than the
+        # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
         assert self.pool is not None, "store is not open"
-        now = now_ms()
-        oks = [o for o in outcomes if o.ok]
-        # Held outcomes by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1
-        # and the outcome of attempt 2 of the same message (the same worker reclaimed it); only the
-        # latter is held, and the former's run must say lease_lost.
-        held_attempts: set[tuple[int, int]] = set()
         async with _acquire(self.pool) as conn:
             async with conn.transaction():
-                if oks:
-                    rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
-                                            [o.claimed.attempts for o in oks], now, worker_id)
-                    held_attempts.update((r[0], r[1]) for r in rows)
-                for out in outcomes:
-                    if out.ok:
-                        continue
-                    c = out.claimed
-                    attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
-                                                 out.message, out.ended_at, out.run_id)
-                    if attempt is not None:
-                        held_attempts.add((c.seq, c.attempts))
-                held = [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
-                statuses = [("succeeded" if o.ok else "failed") if h else "lease_lost"
-                            for o, h in zip(outcomes, held)]
-                await conn.execute(
-                    _RUNS, [o.run_id for o in outcomes], [o.flow for o in outcomes],
-                    [o.claimed.signal for o in outcomes], [o.claimed.id for o in outcomes],
-                    [o.claimed.parent_run_id for o in outcomes], statuses,
-                    [o.claimed.attempts for o in outcomes], [o.started_at for o in outcomes],
-                    [o.ended_at for o in outcomes], worker_id,
-                    [None if o.ok else f"{o.code}: {o.message}" for o in outcomes])
-                # Wake claimers when this settle made something eligible: a failed attempt is pending
-                # again, and a finished keyed message unblocks the next one of its key (without the
-                # wake-up an idle key advanced one message per IDLE_POLL_S).
-                ready = sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
-                if ready:
-                    await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
+                held = await _settle_on(conn, worker_id, outcomes)
         self._maybe_compact_counts()
         return held
 
@@ -288,6 +258,45 @@ class PostgresStore(Store):
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
         return self._listener
+
+
+async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+    """Fenced outcomes, their failure records and runs, inside the caller's transaction."""
+    now = now_ms()
+    oks = [o for o in outcomes if o.ok]
+    # Held outcomes by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1
+    # and the outcome of attempt 2 of the same message (the same worker reclaimed it); only the
+    # latter is held, and the former's run must say lease_lost.
+    held_attempts: set[tuple[int, int]] = set()
+    if oks:
+        rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
+                                [o.claimed.attempts for o in oks], now, worker_id)
+        held_attempts.update((r[0], r[1]) for r in rows)
+    for out in outcomes:
+        if out.ok:
+            continue
+        c = out.claimed
+        attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
+                                     out.message, out.ended_at, out.run_id)
+        if attempt is not None:
+            held_attempts.add((c.seq, c.attempts))
+    held = [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
+    statuses = [("succeeded" if o.ok else "failed") if h else "lease_lost"
+                for o, h in zip(outcomes, held)]
+    await conn.execute(
+        _RUNS, [o.run_id for o in outcomes], [o.flow for o in outcomes],
+        [o.claimed.signal for o in outcomes], [o.claimed.id for o in outcomes],
+        [o.claimed.parent_run_id for o in outcomes], statuses,
+        [o.claimed.attempts for o in outcomes], [o.started_at for o in outcomes],
+        [o.ended_at for o in outcomes], worker_id,
+        [None if o.ok else f"{o.code}: {o.message}" for o in outcomes])
+    # Wake claimers when this settle made something eligible: a failed attempt is pending
+    # again, and a finished keyed message unblocks the next one of its key (without the
+    # wake-up an idle key advanced one message per IDLE_POLL_S).
+    ready = sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
+    if ready:
+        await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
+    return held
 
 
 class _acquire:
