@@ -220,3 +220,37 @@ async def test_a_store_from_a_newer_okengine_is_refused_with_a_clear_error(db_ur
     with pytest.raises((SchemaTooNew, StoreUnavailable), match="version 99.*upgrade okengine"):
         await store.open()
     await store.close()
+
+
+async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url):
+    """A fresh store that takes a burst is planned as if empty until ANALYZE: the claim then scans
+    and sorts every ready row. The compactor notices (rows changed ≫ rows analyzed) and analyzes."""
+    from engine.bus.routing import rows_for
+    from engine import payloads as codec
+    from engine.store import postgres
+
+    jobs = signal.once("c.burst", retries=0)
+    async with oke("c", database_url=pg_url, bindings=[]) as app:
+        for start in range(0, 5000, 1000):
+            rows = []
+            for n in range(start, start + 1000):
+                rows += rows_for(jobs, codec.encode(jobs, n), None, None, ["w.burst"])[1]
+            await app.store.enqueue(rows)
+
+        async def analyzed() -> bool:
+            return await app.store.read(lambda c: c.execute(text(
+                "SELECT coalesce(last_analyze, last_autoanalyze) IS NOT NULL FROM pg_stat_user_tables "
+                "WHERE relname = 'oke_messages'")).scalar())
+
+        async with asyncio.timeout(30):
+            while not await analyzed():
+                app.store._compacted_at -= postgres.COMPACT_EVERY_S  # due: the next enqueue runs it
+                rows = rows_for(jobs, codec.encode(jobs, -1), None, None, ["w.burst"])[1]
+                await app.store.enqueue(rows)
+                if app.store._compacting is not None:
+                    await asyncio.shield(app.store._compacting)
+                await asyncio.sleep(0.5)
+        plan = await app.store.read(lambda c: "\n".join(r[0] for r in c.execute(
+            text("EXPLAIN " + postgres._CLAIM.replace("$1", "'w'").replace("$2", "30000")
+                 .replace("$3", "8").replace("$4::text[]", "ARRAY['c.burst']")))))
+    assert "Index Scan using oke_messages_ready on oke_messages m" in plan, plan
