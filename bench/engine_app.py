@@ -50,13 +50,14 @@ async def emit_all(app, sig, n: int, parallel: int) -> float:
 
 
 class StoreProbe:
-    """Counts claim and settle calls on an open app's store (wraps the two bound methods)."""
+    """Counts claim and settle calls on an open app's store (wraps the bound methods; a joined
+    settle_and_claim, SQLite's claim cycle, counts as one of each)."""
 
     def __init__(self, store) -> None:
         self.claims = self.claimed = self.empty_claims = 0
         self.settles = self.settled = 0
         self.claim_s = self.settle_s = 0.0
-        claim, settle = store.claim, store.settle
+        claim, settle, settle_and_claim = store.claim, store.settle, store.settle_and_claim
 
         async def counted_claim(*args, **kwargs):
             t = time.perf_counter()
@@ -75,7 +76,22 @@ class StoreProbe:
             self.settled += len(outcomes)
             return held
 
+        async def counted_settle_and_claim(worker_id, outcomes, *args, **kwargs):
+            t = time.perf_counter()
+            held, rows = await settle_and_claim(worker_id, outcomes, *args, **kwargs)
+            spent = time.perf_counter() - t
+            self.claim_s += spent
+            self.claims += 1
+            self.claimed += len(rows)
+            self.empty_claims += not rows
+            if outcomes:
+                self.settles += 1
+                self.settled += len(outcomes)
+            return held, rows
+
         store.claim, store.settle = counted_claim, counted_settle
+        if store.settles_with_claims:
+            store.settle_and_claim = counted_settle_and_claim
 
     def stats(self) -> dict:
         full = self.claims - self.empty_claims
