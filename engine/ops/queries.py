@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from sqlalchemy import Connection, and_, func, select, union_all
+from sqlalchemy import Connection, and_, func, select, text, union_all
 
 from ..ids import now_ms
 from ..store import schema
@@ -157,11 +157,19 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
                        parent_run_id=r.parent_run_id) for r in rows]
 
 
+def lease_clock_ms(conn: Connection) -> int:
+    """Now, by the clock leases are judged by: PostgreSQL's own (claims on many machines share it),
+    this machine's on SQLite (its workers share this machine)."""
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(text("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")).scalar())
+    return now_ms()
+
+
 def show(conn: Connection, message_id: str) -> MessageDetail:
     row = conn.execute(select(m).where(m.c.id == message_id)).first()
     if row is None:
         raise UnknownMessage([message_id], None, known_signals(conn))
-    now = now_ms()
+    now = lease_clock_ms(conn)
     lease = Lease(locked_by=row.locked_by, lease_expires_at=row.lease_expires_at,
                   reclaimable=(row.status == "inflight" and row.lease_expires_at is not None
                                and row.lease_expires_at < now))
