@@ -129,7 +129,8 @@ def message_page(conn: Connection, signal: str, status: str | None = None, key: 
     items = [MessageRow(id=r.id, status=r.status, key=r.key, attempts=r.attempts, locked_by=r.locked_by,
                         lease_expires_at=r.lease_expires_at, created_at=r.created_at,
                         parent_run_id=r.parent_run_id) for r in rows]
-    return MessagePage(items=items, next_before_seq=rows[-1].seq if more else None)
+    return MessagePage(items=items, next_before_seq=rows[-1].seq if more else None,
+                       clock_ms=lease_clock_ms(conn))
 
 
 def failures_of(conn: Connection, message_ids: list[str]) -> dict[str, list[Failure]]:

@@ -117,6 +117,7 @@ class MessagePage:
 
     items: list[MessageRow]
     next_before_seq: int | None
+    clock_ms: int | None = None  # "now" by the clock leases are judged by, read with the page
 
 
 @dataclass(frozen=True)

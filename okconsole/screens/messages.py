@@ -33,6 +33,7 @@ class MessagesScreen(ConsoleScreen):
         self.status = status
         self.cursors: list[int | None] = [None]  # before_seq of each visited page
         self.next_cursor: int | None = None
+        self.clock_offset_ms = 0  # the store's lease clock minus ours, from the last page
         self.rows: list[Any] = []
         self.sort_column: str | None = None
         self.sort_reverse = False
@@ -57,12 +58,14 @@ class MessagesScreen(ConsoleScreen):
                                             self.cursors[-1])
         self.rows = page.items
         self.next_cursor = page.next_before_seq
+        # leases are judged by the store's clock (PostgreSQL's own): keep its offset from ours
+        self.clock_offset_ms = (page.clock_ms - fmt.now_ms()) if page.clock_ms is not None else 0
         self.render_rows()
 
     def render_rows(self) -> None:
         table = self.query_one("#messages", DataTable)
         keep = text_filter(self.filter_text) if self.filter_text else None
-        now = fmt.now_ms()
+        now = fmt.now_ms() + self.clock_offset_ms
         # Keys blocked behind their head: an older unfinished message of the same key on this page.
         heads: dict[str, str] = {}
         for row in sorted(self.rows, key=lambda r: r.created_at):
