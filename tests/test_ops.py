@@ -775,3 +775,34 @@ async def test_show_judges_a_lease_by_the_clock_the_claims_use(db_url, monkeypat
         assert detail.lease.reclaimable is False
     else:  # SQLite's workers share this machine's clock: by it, the lease has expired
         assert detail.lease.reclaimable is True
+
+
+async def test_keyed_lists_and_trace_children_can_use_their_partial_indexes(db_url):
+    """Unkeyed, parentless messages stay out of the key and parent indexes (cheaper status
+    changes), and the lookups by key and by parent run still use those indexes."""
+    async with oke("t", database_url=db_url, bindings=[]):
+        pass
+    store = make_store(db_url)
+    await store.open()
+    try:
+        def plans(conn):
+            pg = conn.dialect.name == "postgresql"
+            if pg:
+                conn.execute(text("SET LOCAL enable_seqscan = off"))
+            explain = "EXPLAIN " if pg else "EXPLAIN QUERY PLAN "
+            out = []
+            catalog = ("SELECT indexdef FROM pg_indexes WHERE indexname = :n" if pg
+                       else "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :n")
+            for name in ("oke_messages_signal_key", "oke_messages_parent", "oke_runs_parent"):
+                assert "WHERE" in conn.execute(text(catalog), {"n": name}).scalar().upper(), name
+            for q in ("SELECT seq FROM oke_messages WHERE signal = 's' AND key = 'k' ORDER BY seq DESC LIMIT 5",
+                      "SELECT seq FROM oke_messages WHERE parent_run_id IN ('r1', 'r2')",
+                      "SELECT run_id FROM oke_runs WHERE parent_run_id = 'r1'"):
+                out.append(" ".join(str(c) for row in conn.execute(text(explain + q)) for c in row))
+            return out
+        keyed, children, runs = await store.read(plans)
+    finally:
+        await store.close()
+    assert "oke_messages_signal_key" in keyed
+    assert "oke_messages_parent" in children
+    assert "oke_runs_parent" in runs

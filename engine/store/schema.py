@@ -71,10 +71,17 @@ Index("oke_messages_ready", messages.c.seq,
 Index("oke_messages_ready_key", messages.c.queue, messages.c.key, messages.c.seq,
       sqlite_where=text(READY + " AND key IS NOT NULL"),
       postgresql_where=text(READY + " AND key IS NOT NULL"))
-# Counts per signal and status, and lists by status newest first.
+# Lists by status newest first (and dead letters).
 Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
-Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.seq)
-Index("oke_messages_parent", messages.c.parent_run_id)
+# Keyed lists and trace children. Partial: a status change rewrites every index entry of its row
+# on PostgreSQL (never a HOT update), so unkeyed and parentless messages are kept out of these two
+# (measured: +10 % once throughput at 8 handlers). Queries by key = / parent = ... still use them.
+# Stores created before schema 2 keep their full indexes of the same names (same answers).
+_KEYED = "key IS NOT NULL"
+_CHILD = "parent_run_id IS NOT NULL"
+Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.seq,
+      sqlite_where=text(_KEYED), postgresql_where=text(_KEYED))
+Index("oke_messages_parent", messages.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
 
 # Messages per signal and status, kept by triggers (store/counts.py): the overview reads these,
 # not the messages. PostgreSQL's triggers append to count_deltas, folded into counts now and then.
@@ -121,7 +128,7 @@ runs = Table(
     Column("ended_at", BigInteger),
     Column("error", Text),
 )
-Index("oke_runs_parent", runs.c.parent_run_id)
+Index("oke_runs_parent", runs.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
 Index("oke_runs_message", runs.c.message_id)
 
 steps = Table(
