@@ -73,6 +73,30 @@ UPDATE oke_messages AS u
 RETURNING u.seq, u.attempts
 """
 
+# _ACK and _RUNS in one statement (data-modifying CTEs commit together): a run is `succeeded`
+# when its attempt was acked, `lease_lost` when the fence refused it.
+_ACK_WITH_RUNS = """
+WITH d AS (
+  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
+                       $7::text[], $8::bigint[], $9::bigint[])
+    AS d(seq, attempts, run_id, flow, signal, message_id, parent_run_id, started_at, ended_at)),
+acked AS (
+  UPDATE oke_messages AS u
+     SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $10, finished_at = $10
+    FROM d
+   WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $11 AND u.status = 'inflight'
+  RETURNING u.seq, u.attempts),
+runs AS (
+  INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
+                        worker_id, started_at, ended_at, error)
+  SELECT d.run_id, d.flow, d.signal, d.signal, d.message_id, d.parent_run_id,
+         CASE WHEN a.seq IS NULL THEN 'lease_lost' ELSE 'succeeded' END, d.attempts, $11,
+         d.started_at, d.ended_at, NULL
+    FROM d LEFT JOIN acked AS a ON a.seq = d.seq AND a.attempts = d.attempts
+  ON CONFLICT (run_id) DO NOTHING)
+SELECT seq, attempts FROM acked
+"""
+
 _FAIL = """
 WITH u AS (
   UPDATE oke_messages
@@ -224,8 +248,11 @@ class PostgresStore(Store):
         # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
         assert self.pool is not None, "store is not open"
         async with _acquire(self.pool) as conn:
-            async with conn.transaction():
-                held = await _settle_on(conn, worker_id, outcomes)
+            if all(o.ok and o.claimed.key is None for o in outcomes):
+                held = await _settle_successes(conn, worker_id, outcomes)
+            else:
+                async with conn.transaction():
+                    held = await _settle_on(conn, worker_id, outcomes)
         self._maybe_compact_counts()
         return held
 
@@ -271,6 +298,18 @@ class PostgresStore(Store):
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
         return self._listener
+
+
+async def _settle_successes(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+    """The common batch (every attempt succeeded, no keys to wake): one statement, one round trip,
+    its own transaction; the same fencing and run rows as `_settle_on`."""
+    rows = await conn.fetch(
+        _ACK_WITH_RUNS, [o.claimed.seq for o in outcomes], [o.claimed.attempts for o in outcomes],
+        [o.run_id for o in outcomes], [o.flow for o in outcomes], [o.claimed.signal for o in outcomes],
+        [o.claimed.id for o in outcomes], [o.claimed.parent_run_id for o in outcomes],
+        [o.started_at for o in outcomes], [o.ended_at for o in outcomes], now_ms(), worker_id)
+    acked = {(r[0], r[1]) for r in rows}
+    return [(o.claimed.seq, o.claimed.attempts) in acked for o in outcomes]
 
 
 async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
