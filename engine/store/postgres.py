@@ -65,16 +65,8 @@ SELECT n_mod_since_analyze > 1000 + n_live_tup / 2 FROM pg_stat_user_tables
  WHERE relid = 'oke_messages'::regclass
 """
 
-_ACK = """
-UPDATE oke_messages AS u
-   SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $3, finished_at = $3
-  FROM unnest($1::bigint[], $2::int[]) AS d(seq, attempts)
- WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $4 AND u.status = 'inflight'
-RETURNING u.seq, u.attempts
-"""
-
-# _ACK and _RUNS in one statement (data-modifying CTEs commit together): a run is `succeeded`
-# when its attempt was acked, `lease_lost` when the fence refused it.
+# Successes and their runs in one statement (data-modifying CTEs commit together): a run is
+# `succeeded` when its attempt was acked, `lease_lost` when the fence refused it.
 _ACK_WITH_RUNS = """
 WITH d AS (
   SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -248,11 +240,11 @@ class PostgresStore(Store):
         # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
         assert self.pool is not None, "store is not open"
         async with _acquire(self.pool) as conn:
-            if all(o.ok and o.claimed.key is None for o in outcomes):
-                held = await _settle_successes(conn, worker_id, outcomes)
-            else:
+            if _needs_transaction(outcomes):
                 async with conn.transaction():
                     held = await _settle_on(conn, worker_id, outcomes)
+            else:
+                held = await _settle_on(conn, worker_id, outcomes)
         self._maybe_compact_counts()
         return held
 
@@ -300,55 +292,54 @@ class PostgresStore(Store):
         return self._listener
 
 
-async def _settle_successes(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
-    """The common batch (every attempt succeeded, no keys to wake): one statement, one round trip,
-    its own transaction; the same fencing and run rows as `_settle_on`."""
-    rows = await conn.fetch(
-        _ACK_WITH_RUNS, [o.claimed.seq for o in outcomes], [o.claimed.attempts for o in outcomes],
-        [o.run_id for o in outcomes], [o.flow for o in outcomes], [o.claimed.signal for o in outcomes],
-        [o.claimed.id for o in outcomes], [o.claimed.parent_run_id for o in outcomes],
-        [o.started_at for o in outcomes], [o.ended_at for o in outcomes], now_ms(), worker_id)
-    acked = {(r[0], r[1]) for r in rows}
-    return [(o.claimed.seq, o.claimed.attempts) in acked for o in outcomes]
-
-
 async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
-    """Fenced outcomes, their failure records and runs, inside the caller's transaction."""
+    """Fenced outcomes, their failure records and runs. Successes (with their runs) are one
+    statement; failures and wake-ups add more, so `_needs_transaction` says when to wrap it."""
     now = now_ms()
     oks = [o for o in outcomes if o.ok]
+    fails = [o for o in outcomes if not o.ok]
     # Held outcomes by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1
     # and the outcome of attempt 2 of the same message (the same worker reclaimed it); only the
     # latter is held, and the former's run must say lease_lost.
     held_attempts: set[tuple[int, int]] = set()
     if oks:
-        rows = await conn.fetch(_ACK, [o.claimed.seq for o in oks],
-                                [o.claimed.attempts for o in oks], now, worker_id)
+        rows = await conn.fetch(
+            _ACK_WITH_RUNS, [o.claimed.seq for o in oks], [o.claimed.attempts for o in oks],
+            [o.run_id for o in oks], [o.flow for o in oks], [o.claimed.signal for o in oks],
+            [o.claimed.id for o in oks], [o.claimed.parent_run_id for o in oks],
+            [o.started_at for o in oks], [o.ended_at for o in oks], now, worker_id)
         held_attempts.update((r[0], r[1]) for r in rows)
-    for out in outcomes:
-        if out.ok:
-            continue
-        c = out.claimed
-        attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
-                                     out.message, out.ended_at, out.run_id)
-        if attempt is not None:
-            held_attempts.add((c.seq, c.attempts))
-    held = [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
-    statuses = [("succeeded" if o.ok else "failed") if h else "lease_lost"
-                for o, h in zip(outcomes, held)]
-    await conn.execute(
-        _RUNS, [o.run_id for o in outcomes], [o.flow for o in outcomes],
-        [o.claimed.signal for o in outcomes], [o.claimed.id for o in outcomes],
-        [o.claimed.parent_run_id for o in outcomes], statuses,
-        [o.claimed.attempts for o in outcomes], [o.started_at for o in outcomes],
-        [o.ended_at for o in outcomes], worker_id,
-        [None if o.ok else f"{o.code}: {o.message}" for o in outcomes])
+    if fails:
+        for out in fails:
+            c = out.claimed
+            attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
+                                         out.message, out.ended_at, out.run_id)
+            if attempt is not None:
+                held_attempts.add((c.seq, c.attempts))
+        await conn.execute(
+            _RUNS, [o.run_id for o in fails], [o.flow for o in fails],
+            [o.claimed.signal for o in fails], [o.claimed.id for o in fails],
+            [o.claimed.parent_run_id for o in fails],
+            ["failed" if (o.claimed.seq, o.claimed.attempts) in held_attempts else "lease_lost"
+             for o in fails],
+            [o.claimed.attempts for o in fails], [o.started_at for o in fails],
+            [o.ended_at for o in fails], worker_id, [f"{o.code}: {o.message}" for o in fails])
     # Wake claimers when this settle made something eligible: a failed attempt is pending
     # again, and a finished keyed message unblocks the next one of its key (without the
     # wake-up an idle key advanced one message per IDLE_POLL_S).
-    ready = sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
+    ready = _queues_to_wake(outcomes)
     if ready:
         await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
-    return held
+    return [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
+
+
+def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
+    return sorted({o.claimed.queue for o in outcomes if not o.ok or o.claimed.key is not None})
+
+
+def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
+    """Plain successes with no key to wake are one statement, atomic on its own."""
+    return bool(_queues_to_wake(outcomes))
 
 
 class _acquire:
