@@ -148,8 +148,7 @@ class WorkerPool:
                 continue
             finally:
                 if outcomes:
-                    self.settles_in_flight -= 1
-                    self.settle_count += 1
+                    self._end_settle()
                     self.settled.set()
             for claimed in batch:
                 task = asyncio.create_task(self._attempt(claimed))
@@ -171,6 +170,12 @@ class WorkerPool:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+
+    def _end_settle(self) -> None:
+        """A settle (the settler's, or one riding on a claim) is over, done or not: drain compares
+        settle_count across a claim to know whether anything changed meanwhile."""
+        self.settles_in_flight -= 1
+        self.settle_count += 1
 
     def _outcomes_for_claim(self) -> list[Outcome]:
         """The pending outcomes, taken to be settled in the claim's transaction, where the store
@@ -258,8 +263,7 @@ class WorkerPool:
                     log.error("giving up settling %d outcomes at stop; they will be reclaimed", len(batch))
                     return
             finally:
-                self.settles_in_flight -= 1
-                self.settle_count += 1
+                self._end_settle()
             self.settled.set()
 
 
