@@ -61,6 +61,7 @@ sys.path[:0] = [str(SSE), str(REPO / "tests")]
 from _util import (BARE_PATH, LIVE_PATH, Histogram, cpu_s, free_port, machine_busy,  # noqa: E402
                    rss_kib)
 import spyfold  # noqa: E402
+from livekit import wait_listening  # noqa: E402
 
 PY = sys.executable
 FLOOR_RATIO = 0.50
@@ -191,19 +192,6 @@ class Procs:
                     pass
 
 
-async def wait_listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
 async def warm(port: int, path: str, last_event_id: str | None = None) -> None:
     """One request through the streaming path (lazy imports, first hub), then hang up."""
     r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -305,7 +293,7 @@ async def run_fanout(procs: Procs, args: argparse.Namespace, label: str, kind: s
         server = await procs.spawn(f"{label} server", PY, SSE / "bare_server.py", "--port", port, *uv)
         path = BARE_PATH
     await server.next(30)
-    await wait_listening(port)
+    await wait_listening(port, timeout=30.0)
     await warm(port, path)
     rss0 = rss_kib(server.pid)
     log(f"  {label}: server pid {server.pid}, RSS {rss0 / 1024:.1f} MiB; opening {args.subs} streams "
@@ -465,7 +453,7 @@ async def run_replay(procs: Procs, args: argparse.Namespace, label: str, db: str
     uv = ["--uvloop"] if args.uvloop else []
     server = await procs.spawn(f"{label} server", PY, SSE / "engine_server.py", "--db", db, "--port", port, *uv)
     await server.next(30)
-    await wait_listening(port)
+    await wait_listening(port, timeout=30.0)
     await warm(port, LIVE_PATH, f"{info['epoch']}.{info['head']}")
     cursor = f"{info['epoch']}.0"
     reps = []

@@ -11,7 +11,8 @@ _PAIRS = [_ALPHABET[v >> 5] + _ALPHABET[v & 31] for v in range(1024)]
 _last_stamp: tuple[int, str] = (-1, "")
 
 
-def _b32(number: int, width: int) -> str:
+def base32(number: int, width: int) -> str:
+    """`number` as `width` Crockford base32 characters, most significant first (zero-padded)."""
     chars = []
     for _ in range(width):
         number, rest = divmod(number, 32)
@@ -24,7 +25,7 @@ def new_id(prefix: str = "") -> str:
     global _last_stamp
     ms = int(time.time() * 1000)
     if _last_stamp[0] != ms:
-        _last_stamp = (ms, _b32(ms, 10))
+        _last_stamp = (ms, base32(ms, 10))
     noise = int.from_bytes(os.urandom(10), "big")
     pairs = _PAIRS
     return (f"{prefix}{_last_stamp[1]}{pairs[noise >> 70]}{pairs[(noise >> 60) & 1023]}"

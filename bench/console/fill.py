@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from engine.ids import base32
 from engine.store import schema
 
-ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 DAY_MS = 86_400_000
 BATCH = 50_000
 WORKERS = [f"bench-host:{4000 + i}:w{i}" for i in range(4)]
@@ -53,14 +53,6 @@ DEAD = 0.003
 DLQ_PAGE_MIN = 250  # > the console's page of 200 (okconsole/screens/dlq.py LIMIT)
 RETRIED_DELIVERED = 0.01
 RETRYING_PENDING = 0.05
-
-
-def b32(number: int, width: int) -> str:
-    out = []
-    for _ in range(width):
-        number, rest = divmod(number, 32)
-        out.append(ALPHABET[rest])
-    return "".join(reversed(out))
 
 
 @dataclass
@@ -119,7 +111,7 @@ def generate(n: int, seed: int = 7, now: int | None = None) -> Iterator[tuple[li
         name, _share, retries, keyed, flow, _dshare, reasons = SIGNALS[sig[i]]
         st = status[i]
         created = t0 + i * step
-        mid = f"msg_{b32(created, 10)}{b32(i, 16)}"
+        mid = f"msg_{base32(created, 10)}{base32(i, 16)}"
         if keyed == "email":
             bounce = st == "dead"
             key = f"user{rng.randrange(50_000)}@{'bounce.test' if bounce else 'example.com'}"
@@ -144,7 +136,7 @@ def generate(n: int, seed: int = 7, now: int | None = None) -> Iterator[tuple[li
         for a in range(1, failed + 1):
             code, text = reasons[rng.randrange(len(reasons))]
             run_no += 1
-            run_id = f"run_{b32(at, 10)}{b32(run_no, 16)}"
+            run_id = f"run_{base32(at, 10)}{base32(run_no, 16)}"
             fails.append({"message_id": mid, "attempt": a, "code": code, "message": text, "at": at + 40,
                           "run_id": run_id, "kind": "failure"})
             runs.append({"run_id": run_id, "flow": flow, "trigger": name, "signal": name, "message_id": mid,
@@ -154,7 +146,7 @@ def generate(n: int, seed: int = 7, now: int | None = None) -> Iterator[tuple[li
             at += 1000 * a
         if ok:
             run_no += 1
-            runs.append({"run_id": f"run_{b32(at, 10)}{b32(run_no, 16)}", "flow": flow, "trigger": name,
+            runs.append({"run_id": f"run_{base32(at, 10)}{base32(run_no, 16)}", "flow": flow, "trigger": name,
                          "signal": name, "message_id": mid, "parent_run_id": None, "status": "succeeded",
                          "attempt": attempts, "worker_id": WORKERS[run_no % 4], "started_at": at,
                          "ended_at": at + 20, "error": None})

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from sqlalchemy import Connection, delete, func, select, text, update
 
-from ..ids import _b32, now_ms
+from ..ids import base32, now_ms
 from ..signals import Signal
 from ..store import schema
 
@@ -74,7 +74,7 @@ class Gap:
 
 
 def new_epoch() -> str:
-    return _b32(int.from_bytes(os.urandom(8), "big"), 12)
+    return base32(int.from_bytes(os.urandom(8), "big"), 12)
 
 
 def _lock_tape(conn: Connection, signal: str) -> Any:
