@@ -269,34 +269,18 @@ async def test_dead_letters_beyond_one_page_show_the_exact_total(sqlite_url):
 async def test_lease_columns_follow_the_stores_clock_not_the_consoles(db_url, monkeypatch):
     """The console's machine runs two minutes ahead: a live 30 s lease is still shown with its
     time left, never as "reclaimable now" (leases are judged by the store's clock)."""
-    from engine import flow, on, signal
+    from holdkit import one_message_held
     from okconsole import fmt
 
-    jobs = signal.once("t.leased", retries=0)
-    held, release = asyncio.Event(), asyncio.Event()
-
-    @on(jobs)
-    @flow("w.leased")
-    async def hold(payload, fx):
-        held.set()
-        await release.wait()
-
-    async with oke("t", database_url=db_url, lease_ms=30_000) as engine_app:
-        msg = await engine_app.emit(jobs, {"n": 1})
-        drain = asyncio.create_task(engine_app.drain(concurrency=1))
-        await asyncio.wait_for(held.wait(), 10)
+    async with one_message_held(db_url, "t.leased") as (_engine_app, msg):
         real_now = fmt.now_ms
         monkeypatch.setattr(fmt, "now_ms", lambda: real_now() + 120_000)
         app = ConsoleApp(db_url, refresh_s=5)
-        try:
-            async with app.run_test(size=SIZE) as pilot:
-                app.jump("messages t.leased inflight")
-                await wait_for(pilot, lambda: isinstance(app.screen, MessagesScreen)
-                               and app.screen.query_one("#messages").row_count == 1)
-                table = app.screen.query_one("#messages")
-                row = " ".join(str(c) for c in table.get_row(msg))
-                assert "reclaimable now" not in row and "expired" not in row, row
-                assert "s" in str(table.get_cell(msg, "lease"))  # time left, e.g. "29s"
-        finally:
-            release.set()
-            await drain
+        async with app.run_test(size=SIZE) as pilot:
+            app.jump("messages t.leased inflight")
+            await wait_for(pilot, lambda: isinstance(app.screen, MessagesScreen)
+                           and app.screen.query_one("#messages").row_count == 1)
+            table = app.screen.query_one("#messages")
+            row = " ".join(str(c) for c in table.get_row(msg))
+            assert "reclaimable now" not in row and "expired" not in row, row
+            assert "s" in str(table.get_cell(msg, "lease"))  # time left, e.g. "29s"

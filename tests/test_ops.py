@@ -749,27 +749,13 @@ async def test_show_judges_a_lease_by_the_clock_the_claims_use(db_url, monkeypat
     """A console on a machine whose clock runs two minutes ahead: on PostgreSQL leases are judged
     by the database's clock (as claims are), so a live lease is not shown as reclaimable."""
     from engine.ops import queries
+    from holdkit import one_message_held
 
-    jobs = signal.once("t.clock", retries=0)
-    held = asyncio.Event()
-    release = asyncio.Event()
-
-    @on(jobs)
-    @flow("w.clock")
-    async def handle(payload, fx):
-        held.set()
-        await release.wait()
-
-    async with oke("t", database_url=db_url, lease_ms=30_000) as app:
-        msg = await app.emit(jobs, {"n": 1})
-        drain = asyncio.create_task(app.drain(concurrency=1))
-        await asyncio.wait_for(held.wait(), 10)
+    async with one_message_held(db_url, "t.clock") as (app, msg):
         assert (await ops.show(app.store, msg)).lease.reclaimable is False
         ahead = queries.now_ms() + 120_000
         monkeypatch.setattr(queries, "now_ms", lambda: ahead)
         detail = await ops.show(app.store, msg)
-        release.set()
-        await drain
     assert detail.status == "inflight"
     if db_url.startswith("postgresql"):
         assert detail.lease.reclaimable is False
