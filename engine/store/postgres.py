@@ -171,6 +171,7 @@ class PostgresStore(Store):
         try:
             self.pool = await asyncio.wait_for(
                 asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
+                                    connection_class=_HotConnection,
                                     server_settings={"application_name": "okengine"}),
                 CONNECT_TIMEOUT_S)
             self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW, pool_pre_ping=True,
@@ -340,6 +341,21 @@ def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
 def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
     """Plain successes with no key to wake are one statement, atomic on its own."""
     return bool(_queues_to_wake(outcomes))
+
+
+class _HotConnection(asyncpg.Connection):
+    """A hot-pool connection: returned to the pool without asyncpg's reset query.
+
+    The default reset (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`) is one
+    more round trip and four statements after every claim, settle and enqueue; it was 14 % of the
+    server's statements at 8 handlers. This store never leaves session state on these connections:
+    its locks are transaction-scoped, LISTEN has its own connection, and it sets no session
+    variables or cursors. An open transaction is still rolled back on release (asyncpg does that
+    before it asks for this query).
+    """
+
+    def get_reset_query(self) -> str:
+        return ""
 
 
 class _acquire:
