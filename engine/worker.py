@@ -1,17 +1,24 @@
 """The worker loop: claim a batch, run each flow, settle outcomes in group commits.
 
-One claimer task keeps up to `concurrency` handlers running. Finished attempts
-queue for one settler task that writes whatever has accumulated in a single
+Claim lanes keep up to `concurrency` handlers running. Finished attempts queue
+for one settler task that writes whatever has accumulated in a single
 transaction, so under load many acks share one commit. Database outages are
 retried with back-off; nothing is settled twice and nothing is left half-written:
 a message whose outcome was never written stays inflight and is reclaimed after
 its lease.
+
+Where the store overlaps claims (PostgreSQL: two lanes, each its own connection),
+a worker claims ahead: besides the messages running it may hold as many more as
+its handlers are expected to finish while one claim is on the wire (at most
+`concurrency`), so a slot that frees finds its next message already here instead
+of waiting a round trip. Slow handlers claim ahead by little or nothing.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("engine.worker")
 IDLE_POLL_S = 1.0          # fallback re-check (expired leases need no wake-up to become claimable)
 MAX_BACKOFF_S = 5.0
+EWMA_WEIGHT = 0.1          # weight of the newest sample in the handler-time and claim-time averages
+# A claimed-ahead message that waited for a slot longer than this share of its lease has its lease
+# renewed before the handler starts: it could otherwise run out mid-handler and another worker take it.
+AHEAD_LEASE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,14 @@ class WorkerPool:
         self.routes = routes
         self.queues = sorted(routes)
         self.concurrency = concurrency
+        # Every leased message of this worker has a task here: running its handler, or (claimed
+        # ahead) waiting for one of the `concurrency` slots.
         self.running: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(concurrency)
+        self.lanes = max(1, self.store.concurrent_claims)
+        self.requested = 0  # rows asked for by claims in flight
+        self.handler_s = 0.0  # moving averages; 0 until measured (no claiming ahead before that)
+        self.claim_s = 0.0
         self.slot_free = asyncio.Event()
         self.pending_outcomes: list[Outcome] = []
         self.outcome_ready = asyncio.Event()
@@ -89,17 +107,22 @@ class WorkerPool:
             if not until_idle:
                 await self.app._stop_requested.wait()
             return
-        waker = self.store.waker()
+        wakers = [self.store.waker() for _ in range(self.lanes)]
         settler = asyncio.create_task(self._settle_loop(), name="oke-settler")
         try:
             try:
-                await self._claim_loop(waker, until_idle)
+                async with asyncio.TaskGroup() as lanes:
+                    for n, waker in enumerate(wakers):
+                        lanes.create_task(self._claim_loop(waker, until_idle), name=f"oke-claim-{n}")
+            except BaseExceptionGroup as group:  # one lane's error, not a group, to the caller
+                raise group.exceptions[0] from None
             finally:
                 self._claim_idle()  # no more claims: the settler takes every outcome from here on
             if self.running:
                 await self._finish_running()
         finally:
-            waker.close()
+            for waker in wakers:
+                waker.close()
             self.stopping = True
             self.outcome_ready.set()
             await settler
@@ -118,7 +141,7 @@ class WorkerPool:
         stop = self.app._stop_requested
         backoff = 0.05
         while not stop.is_set():
-            free = self.concurrency - len(self.running)
+            free = self._claim_size()
             if free <= 0:
                 self.slot_free.clear()
                 await _wait_any(self.slot_free, stop)
@@ -127,6 +150,8 @@ class WorkerPool:
             waker.clear()
             settles_before = self.settle_count
             outcomes = self._outcomes_for_claim()
+            self.requested += free
+            started = time.monotonic()
             try:
                 if outcomes:
                     _held, batch = await self.store.settle_and_claim(
@@ -135,6 +160,7 @@ class WorkerPool:
                     batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
                 backoff = 0.05
                 self.store_back.set()
+                self.claim_s = _ewma(self.claim_s, time.monotonic() - started)
             except Exception as err:
                 if outcomes:  # not settled: back to the settler, which retries or gives up as usual
                     self.pending_outcomes[:0] = outcomes
@@ -147,11 +173,13 @@ class WorkerPool:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             finally:
+                self.requested -= free
+                self.slot_free.set()  # what this claim asked for is free to ask for again, whatever it got
                 if outcomes:
                     self._end_settle()
                     self.settled.set()
             for claimed in batch:
-                task = asyncio.create_task(self._attempt(claimed))
+                task = asyncio.create_task(self._attempt(claimed, started))
                 self.running.add(task)
                 task.add_done_callback(self._release)
             if batch:
@@ -170,6 +198,20 @@ class WorkerPool:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+
+    def _claim_size(self) -> int:
+        """How many messages the next claim asks for: the free slots, plus (claiming ahead) what the
+        handlers should finish while the claim is on the wire, never more than `concurrency`."""
+        held = len(self.running) + self.requested
+        return min(self.concurrency, self.concurrency + self._ahead() - held)
+
+    def _ahead(self) -> int:
+        """Messages the handlers finish, on average, while one claim is on the wire (at most
+        `concurrency`). Rounded down: handlers slower than `concurrency` claims take none, so a
+        message never waits here behind a slow handler while another worker is free."""
+        if self.lanes == 1 or not self.claim_s or not self.handler_s:
+            return 0
+        return min(self.concurrency, int(self.concurrency * self.claim_s / self.handler_s))
 
     def _end_settle(self) -> None:
         """A settle (the settler's, or one riding on a claim) is over, done or not: drain compares
@@ -200,7 +242,28 @@ class WorkerPool:
         self.running.discard(task)
         self.slot_free.set()
 
-    async def _attempt(self, claimed: Claimed) -> None:
+    async def _attempt(self, claimed: Claimed, claimed_at: float) -> None:
+        async with self.slots:
+            waited = time.monotonic() - claimed_at
+            if waited > self.app.lease_ms / 1000 * AHEAD_LEASE_SHARE and not await self._renew(claimed):
+                return
+            began = time.monotonic()
+            await self._run_handler(claimed)
+            self.handler_s = _ewma(self.handler_s, time.monotonic() - began)
+
+    async def _renew(self, claimed: Claimed) -> bool:
+        """A claimed-ahead message waited for its slot past AHEAD_LEASE_SHARE of its lease: renew the
+        lease before the handler starts, or leave the message (another worker may hold it now)."""
+        try:
+            if await self.store.renew_lease(self.app.worker_id, claimed, self.app.lease_ms):
+                return True
+            log.info("message %s was reclaimed while it waited for a slot; not started here", claimed.id)
+        except Exception as err:
+            log.warning("could not renew the lease of message %s (%s: %s); not started, it is reclaimed "
+                        "after the lease", claimed.id, type(err).__name__, err)
+        return False
+
+    async def _run_handler(self, claimed: Claimed) -> None:
         route = self.routes[claimed.queue]
         started = now_ms()
         fx = Fx(self.app, route.flow, run_id=new_id("run_"), parent_run_id=claimed.parent_run_id,
@@ -265,6 +328,10 @@ class WorkerPool:
             finally:
                 self._end_settle()
             self.settled.set()
+
+
+def _ewma(average: float, sample: float) -> float:
+    return sample if not average else average + EWMA_WEIGHT * (sample - average)
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:

@@ -748,13 +748,13 @@ async def test_known_signals_signal_info_and_audit_order(db_url):
 async def test_show_judges_a_lease_by_the_clock_the_claims_use(db_url, monkeypatch):
     """A console on a machine whose clock runs two minutes ahead: on PostgreSQL leases are judged
     by the database's clock (as claims are), so a live lease is not shown as reclaimable."""
-    from engine.ops import queries
+    from engine.store import base
     from holdkit import one_message_held
 
     async with one_message_held(db_url, "t.clock") as (app, msg):
         assert (await ops.show(app.store, msg)).lease.reclaimable is False
-        ahead = queries.now_ms() + 120_000
-        monkeypatch.setattr(queries, "now_ms", lambda: ahead)
+        ahead = base.now_ms() + 120_000
+        monkeypatch.setattr(base, "now_ms", lambda: ahead)
         detail = await ops.show(app.store, msg)
     assert detail.status == "inflight"
     if db_url.startswith("postgresql"):

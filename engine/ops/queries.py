@@ -15,6 +15,7 @@ from sqlalchemy import Connection, and_, func, select, text, union_all
 
 from ..ids import now_ms
 from ..store import schema
+from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
 from . import registry, trace as trace_mod
 from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, Failure, FailureGroup, Lease,
@@ -156,14 +157,6 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
     return [DeadLetter(id=r.id, signal=r.signal, key=r.key, payload=json.loads(r.payload),
                        attempts=r.attempts, failures=history.get(r.id, []), created_at=r.created_at,
                        parent_run_id=r.parent_run_id) for r in rows]
-
-
-def lease_clock_ms(conn: Connection) -> int:
-    """Now, by the clock leases are judged by: PostgreSQL's own (claims on many machines share it),
-    this machine's on SQLite (its workers share this machine)."""
-    if conn.dialect.name == "postgresql":
-        return int(conn.execute(text("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")).scalar())
-    return now_ms()
 
 
 def show(conn: Connection, message_id: str) -> MessageDetail:

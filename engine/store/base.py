@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, text, update
 
 from ..errors import SchemaTooNew
+from ..ids import now_ms
 from . import counts, schema
 
 T = TypeVar("T")
@@ -159,6 +160,11 @@ class Store(abc.ABC):
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
 
+    # Claims one worker may have in flight at once, each on its own connection. More than one lets
+    # a worker claim ahead of its free slots (engine/worker.py); SQLite's claims queue on its one
+    # writer thread anyway, so it keeps one.
+    concurrent_claims: int = 1
+
     # True where settling and claiming in one transaction saves a commit without losing overlap:
     # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
     settles_with_claims: bool = False
@@ -168,6 +174,19 @@ class Store(abc.ABC):
         """`settle(outcomes)` then `claim(...)`; atomic (one commit) where `settles_with_claims`."""
         held = await self.settle(worker_id, outcomes) if outcomes else []
         return held, await self.claim(queues, worker_id, lease_ms, limit)
+
+    async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
+        """Run a held lease again from now, fenced like a settle. A message claimed ahead that
+        waited long for a slot starts on a whole lease; False if this worker lost it meanwhile."""
+        m = schema.messages
+
+        def renew(conn: Connection) -> bool:
+            now = lease_clock_ms(conn)
+            held = conn.execute(update(m).where(
+                m.c.seq == claimed.seq, m.c.attempts == claimed.attempts, m.c.locked_by == worker_id,
+                m.c.status == "inflight").values(lease_expires_at=now + lease_ms, updated_at=now))
+            return held.rowcount == 1
+        return await self.write(renew)
 
     @abc.abstractmethod
     def waker(self) -> "Waker":
@@ -215,3 +234,11 @@ def wake_local(url: str) -> None:
     """Wake every worker of this process that shares the store at `url`."""
     for waker in list(_WAKERS.get(url, ())):
         waker.wake()
+
+
+def lease_clock_ms(conn: Connection) -> int:
+    """Now, by the clock leases are judged by: PostgreSQL's own (claims on many machines share it),
+    this machine's on SQLite (its workers share this machine)."""
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(text("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")).scalar())
+    return now_ms()

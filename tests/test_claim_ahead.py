@@ -1,0 +1,116 @@
+"""Claiming ahead (engine/worker.py): on PostgreSQL a worker with fast handlers holds more leases
+than it has handler slots, so a freed slot finds its next message already claimed. What must hold:
+never more handlers at once than `concurrency`; slow handlers claim nothing ahead (another worker
+gets the waiting messages); a claimed-ahead message that waited too long for a slot is not started
+under a lease that may run out, and is reclaimed and delivered later.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine import flow, oke, on, signal
+from workers.db import fetch
+
+
+async def test_fast_handlers_never_run_more_than_concurrency_at_once(db_url):
+    jobs = signal.once("ca.fast", retries=0)
+    running = peak = 0
+
+    @on(jobs)
+    @flow("w.fast")
+    async def handle(payload: Any, fx: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+
+    async with oke("t", database_url=db_url) as app:
+        for start in range(0, 2000, 500):
+            await asyncio.gather(*(app.emit(jobs, n) for n in range(start, start + 500)))
+        await app.drain(concurrency=4)
+        rows = await fetch(db_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
+    assert rows == [("delivered", 1, 2000)]
+    assert 1 <= peak <= 4
+
+
+async def test_slow_handlers_leave_waiting_messages_to_another_worker(pg_url):
+    """Worker A (2 slots, handlers of 0.6 s) must not hold the 3rd and 4th message while it works:
+    worker B, started a little later, takes them and finishes while A's first two still run."""
+    jobs = signal.once("ca.slow", retries=0)
+    started: set[int] = set()
+
+    @on(jobs)
+    @flow("w.slow")
+    async def handle(payload: int, fx: Any) -> None:
+        started.add(payload)
+        await asyncio.sleep(0.6)
+
+    async with oke("a", database_url=pg_url, worker_id="A") as a, \
+            oke("b", database_url=pg_url, worker_id="B") as b:
+        for n in range(2):  # warm-up: A measures its handlers and its claims first
+            await a.emit(jobs, 100 + n)
+        await a.drain(concurrency=2)
+        for n in range(4):
+            await a.emit(jobs, n)
+        run_a = asyncio.create_task(a.drain(concurrency=2))
+        async with asyncio.timeout(10):
+            while len(started & {0, 1, 2, 3}) < 2:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await b.drain(concurrency=2)
+        await run_a
+        runs = await fetch(pg_url, "SELECT r.worker_id, r.status, r.attempt FROM oke_runs AS r "
+                                   "JOIN oke_messages AS m ON m.id = r.message_id "
+                                   "WHERE m.payload IN ('0', '1', '2', '3') ORDER BY r.worker_id")
+    assert runs == [("A", "succeeded", 1)] * 2 + [("B", "succeeded", 1)] * 2
+
+
+async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on_a_renewed_lease(pg_url):
+    """One slot, fast handlers (so the worker claims one ahead), then a handler that takes 70 % of
+    the lease while the next message waits claimed: that message's lease is renewed before its
+    handler starts, so the handler sees nearly a whole lease left (not 30 %), and it runs once."""
+    lease_ms = 2000
+    jobs = signal.once("ca.lease", retries=3)
+    calls: list[tuple[str, int]] = []
+    lease_left_ms: list[int] = []
+
+    @on(jobs)
+    @flow("w.lease")
+    async def handle(payload: str, fx: Any) -> None:
+        calls.append((payload, fx.attempt))
+        if payload == "slow":
+            await asyncio.sleep(lease_ms / 1000 * 0.7)
+        if payload == "victim":
+            lease_left_ms.extend(r[0] for r in await fetch(
+                pg_url, "SELECT lease_expires_at - (extract(epoch FROM clock_timestamp()) * 1000)::bigint "
+                        "FROM oke_messages WHERE id = $1", fx.message_id))
+
+    async with oke("t", database_url=pg_url, lease_ms=lease_ms) as app:
+        for n in range(30):
+            await app.emit(jobs, f"fast-{n}")
+        await app.emit(jobs, "slow")
+        victim = await app.emit(jobs, "victim")
+        await app.drain(concurrency=1)
+        row = await fetch(pg_url, "SELECT status, attempts FROM oke_messages WHERE id = $1", victim)
+    assert row == [("delivered", 1)]
+    assert [c for c in calls if c[0] == "victim"] == [("victim", 1)]
+    assert len(lease_left_ms) == 1 and lease_left_ms[0] > lease_ms * 0.8, lease_left_ms
+
+
+async def test_a_renewal_is_refused_once_another_worker_holds_the_message(pg_url):
+    """The renewal is fenced like a settle: after another worker reclaimed the message (attempt 2),
+    the first holder's renewal of attempt 1 changes nothing."""
+    jobs = signal.once("ca.fence", retries=3)
+    on(jobs, flow("w.fence", do=lambda payload, fx: None))
+    async with oke("t", database_url=pg_url, lease_ms=50) as app:
+        await app.emit(jobs, 1)
+        [first] = await app.store.claim(["ca.fence"], "A", 50, 1)
+        await asyncio.sleep(0.1)
+        [second] = await app.store.claim(["ca.fence"], "B", 30_000, 1)
+        assert (first.seq, first.attempts, second.attempts) == (second.seq, 1, 2)
+        assert not await app.store.renew_lease("A", first, 30_000)
+        assert await app.store.renew_lease("B", second, 30_000)
+        row = await fetch(pg_url, "SELECT locked_by, attempts, status FROM oke_messages")
+    assert row == [("B", 2, "inflight")]
