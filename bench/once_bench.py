@@ -87,7 +87,7 @@ async def pg_throughput(rec, cluster, a):
     cluster.create_database("bench_proc")
     raw_dsn, proc_dsn = cluster.dsn("bench_raw"), cluster.dsn("bench_proc")
     await procrastinate_peer.apply_schema(proc_dsn)
-    raw_grid = [(1, 1), (8, 1), (32, 1), (8, 8), (32, 32), (1, 8), (1, 32), (4, 8)]
+    raw_grid = [(1, 1), (8, 1), (32, 1), (8, 8), (32, 32), (2, 8), (2, 32), (4, 8)]
     for rep in range(a.reps):   # rep-major: slow drift of the VM spreads over every contender
         print(f"-- PostgreSQL, repetition {rep + 1}/{a.reps}", flush=True)
         for c in (1, 8, 32):
