@@ -1,8 +1,8 @@
 """Claiming ahead (engine/worker.py): on PostgreSQL a worker with fast handlers holds more leases
 than it has handler slots, so a freed slot finds its next message already claimed. What must hold:
 never more handlers at once than `concurrency`; slow handlers claim nothing ahead (another worker
-gets the waiting messages); a claimed-ahead message that waited too long for a slot is not started
-under a lease that may run out, and is reclaimed and delivered later.
+gets the waiting messages); a claimed-ahead message that waited too long for a slot has its lease
+renewed before its handler starts, and a renewal by a worker that lost the message changes nothing.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from sqlalchemy import Connection, and_, func, select, text, union_all
+from sqlalchemy import Connection, and_, func, select, union_all
 
 from ..ids import now_ms
 from ..store import schema

@@ -348,8 +348,8 @@ class _HotConnection(asyncpg.Connection):
     """A hot-pool connection: returned to the pool without asyncpg's reset query.
 
     The default reset (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`) is one
-    more round trip and four statements after every claim, settle and enqueue; it was 14 % of the
-    server's statements at 8 handlers. This store never leaves session state on these connections:
+    more round trip and four statements after every claim, settle and enqueue (5,005 resets in a
+    20,000-message run at 8 handlers; without them 3,904 -> 5,354 msgs/s). This store never leaves session state on these connections:
     its locks are transaction-scoped, LISTEN has its own connection, and it sets no session
     variables or cursors. An open transaction is still rolled back on release (asyncpg does that
     before it asks for this query).
