@@ -141,8 +141,8 @@ class WorkerPool:
         stop = self.app._stop_requested
         backoff = 0.05
         while not stop.is_set():
-            free = self._claim_size()
-            if free <= 0:
+            size = self._claim_size()
+            if size <= 0:
                 self.slot_free.clear()
                 await _wait_any(self.slot_free, stop)
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
@@ -150,14 +150,14 @@ class WorkerPool:
             waker.clear()
             settles_before = self.settle_count
             outcomes = self._outcomes_for_claim()
-            self.requested += free
+            self.requested += size
             started = time.monotonic()
             try:
                 if outcomes:
                     _held, batch = await self.store.settle_and_claim(
-                        self.app.worker_id, outcomes, self.queues, self.app.lease_ms, free)
+                        self.app.worker_id, outcomes, self.queues, self.app.lease_ms, size)
                 else:
-                    batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, free)
+                    batch = await self.store.claim(self.queues, self.app.worker_id, self.app.lease_ms, size)
                 backoff = 0.05
                 self.store_back.set()
                 self.claim_s = _ewma(self.claim_s, time.monotonic() - started)
@@ -173,7 +173,7 @@ class WorkerPool:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             finally:
-                self.requested -= free
+                self.requested -= size
                 self.slot_free.set()  # what this claim asked for is free to ask for again, whatever it got
                 if outcomes:
                     self._end_settle()
