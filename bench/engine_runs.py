@@ -19,10 +19,7 @@ import uuid
 from common import BENCH_DIR, Window, pg_prepare_table, pg_wal, proc_io_written, wal_fields
 from engine_app import StoreProbe, declare, emit_all, make_app, verify_pg, verify_sqlite
 
-PG_EMIT_PARALLEL = 32
-# SQLite emits go one at a time: concurrent app.emit calls on SQLite intermittently fail with
-# sqlite3.InterfaceError "bad parameter or other API misuse" (see bench/README.md).
-SQLITE_EMIT_PARALLEL = 1
+EMIT_PARALLEL = 32  # app.emit calls in flight while filling the store (not timed)
 
 
 async def pg_single(cluster, n: int, concurrency: int) -> dict:
@@ -32,7 +29,7 @@ async def pg_single(cluster, n: int, concurrency: int) -> dict:
     try:
         sig = declare()
         async with make_app(url) as app:
-            emit_rate = await emit_all(app, sig, n, PG_EMIT_PARALLEL)
+            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL)
             await pg_prepare_table(dsn, "oke_messages")
             probe = StoreProbe(app.store)
             wal0 = await pg_wal(dsn)
@@ -72,7 +69,7 @@ async def pg_multi(cluster, n: int, processes: int, concurrency: int) -> dict:
     try:
         sig = declare()
         async with make_app(url) as app:
-            emit_rate = await emit_all(app, sig, n, PG_EMIT_PARALLEL)
+            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL)
         await pg_prepare_table(dsn, "oke_messages")
         procs = [await _spawn("drain", url, str(concurrency)) for _ in range(processes)]
         for p in procs:
@@ -122,7 +119,7 @@ async def sqlite_single(workdir: str, n: int, concurrency: int) -> dict:
     try:
         sig = declare()
         async with make_app(f"sqlite+aiosqlite:///{path}") as app:
-            emit_rate = await emit_all(app, sig, n, SQLITE_EMIT_PARALLEL)
+            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL)
             ckpt = _checkpoint(path)
             probe = StoreProbe(app.store)
             io0, win = proc_io_written(), Window().start()
