@@ -251,6 +251,6 @@ async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url
                     await asyncio.shield(app.store._compacting)
                 await asyncio.sleep(0.5)
         plan = await app.store.read(lambda c: "\n".join(r[0] for r in c.execute(
-            text("EXPLAIN " + postgres._CLAIM.replace("$1", "'w'").replace("$2", "30000")
-                 .replace("$3", "8").replace("$4::text[]", "ARRAY['c.burst']")))))
+            text("EXPLAIN " + postgres.claim_statement(8).replace("$1", "'w'").replace("$2", "30000")
+                 .replace("$3::text[]", "ARRAY['c.burst']")))))
     assert "Index Scan using oke_messages_ready on oke_messages m" in plan, plan

@@ -1,0 +1,54 @@
+"""The PostgreSQL claim keeps one plan: its generic plan (what a prepared statement reuses instead
+of planning each call) must be the ordered scan of the ready index, as a custom plan is.
+
+With `LIMIT $n` the generic plan assumed a tenth of the table would be claimed and joined it by a
+hash over a scan of every message, so PostgreSQL planned the claim afresh on every call instead;
+the claim size is now written into the text."""
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from engine import oke, signal
+from engine import payloads as codec
+from engine.bus.routing import rows_for
+from engine.store import postgres
+
+
+async def _generic_plan(dsn: str, statement: str, types: str, args: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE claim({types}) AS {statement}")
+        return "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE claim({args})"))
+    finally:
+        await conn.close()
+
+
+async def test_the_generic_claim_plan_is_the_ordered_index_scan(pg_url):
+    jobs = signal.once("plan.jobs")
+    async with oke("p", database_url=pg_url, bindings=[]) as app:
+        for start in range(0, 4000, 1000):
+            rows = []
+            for n in range(start, start + 1000):
+                rows += rows_for(jobs, codec.encode(jobs, n), None, None, ["w.plan"])[1]
+            await app.store.enqueue(rows)
+        dsn = postgres.asyncpg_dsn(pg_url)
+        conn = await asyncpg.connect(dsn)
+        await conn.execute("ANALYZE oke_messages")
+        await conn.close()
+        plan = await _generic_plan(dsn, postgres.claim_statement(8), "text, bigint, text[]",
+                                   "'w', 30000, ARRAY['plan.jobs']")
+        assert "Index Scan using oke_messages_ready on oke_messages m" in plan, plan
+        assert "Seq Scan" not in plan and "Sort" not in plan, plan
+        # the shape it replaced, for contrast: with a parameter LIMIT, a scan of every message
+        with_param = postgres.claim_statement(8).replace("LIMIT 8", "LIMIT $4")
+        plan = await _generic_plan(dsn, with_param, "text, bigint, text[], int",
+                                   "'w', 30000, ARRAY['plan.jobs'], 8")
+        assert "Seq Scan on oke_messages u" in plan, plan
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
+def test_a_claim_size_that_is_not_a_positive_int_is_refused(bad):
+    with pytest.raises(ValueError, match="claim limit"):
+        postgres.claim_statement(bad)
