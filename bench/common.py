@@ -98,11 +98,15 @@ class Recorder:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_cpu(pid: int) -> float:
+def _proc_cpu(pid: int, reaped_children: bool = False) -> float:
+    """utime + stime of `pid`, plus (reaped_children) the CPU of its children that have exited."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / _TICK   # utime + stime
+        used = int(parts[11]) + int(parts[12])   # utime + stime
+        if reaped_children:
+            used += int(parts[13]) + int(parts[14])   # cutime + cstime
+        return used / _TICK
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -116,8 +120,9 @@ def _ppid(pid: int) -> int:
 
 
 class ServerCpu:
-    """CPU seconds used by a postmaster and its live backends (backends that exit mid-window
-    are lost, so take both snapshots while the measured connections are still open)."""
+    """CPU seconds used by a postmaster and its backends. A process that exits mid-window (an
+    autovacuum worker, a closed connection) counts once the postmaster has reaped it: its CPU moves
+    to the postmaster's cutime/cstime. Without that, autovacuum after a drain read as other load."""
 
     def __init__(self, data_dir: str | None) -> None:
         self.postmaster = None
@@ -131,7 +136,7 @@ class ServerCpu:
     def snapshot(self) -> dict[int, float]:
         if self.postmaster is None:
             return {}
-        out = {self.postmaster: _proc_cpu(self.postmaster)}
+        out = {self.postmaster: _proc_cpu(self.postmaster, reaped_children=True)}
         for name in os.listdir("/proc"):
             if name.isdigit() and _ppid(int(name)) == self.postmaster:
                 out[int(name)] = _proc_cpu(int(name))
@@ -139,7 +144,8 @@ class ServerCpu:
 
     @staticmethod
     def delta(before: dict[int, float], after: dict[int, float]) -> float:
-        return round(sum(v - before.get(pid, 0.0) for pid, v in after.items()), 3)
+        # Totals, not per pid: an exited backend's whole CPU reappears in the postmaster's cutime.
+        return round(sum(after.values()) - sum(before.values()), 3)
 
 
 def machine_busy() -> tuple[int, int]:
