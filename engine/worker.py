@@ -38,8 +38,9 @@ log = logging.getLogger("engine.worker")
 IDLE_POLL_S = 1.0          # fallback re-check (expired leases need no wake-up to become claimable)
 MAX_BACKOFF_S = 5.0
 EWMA_WEIGHT = 0.1          # weight of the newest sample in the handler-time and claim-time averages
-# A claimed-ahead message that waited for a slot longer than this share of its lease has its lease
-# renewed before the handler starts: it could otherwise run out mid-handler and another worker take it.
+# A claimed-ahead message has its lease renewed each time it has waited this share of its lease for
+# a slot: it could otherwise run out while it waits (another worker takes it, the attempt is lost) or
+# soon after its handler starts. So a handler always starts with more than half its lease left.
 AHEAD_LEASE_SHARE = 0.5
 
 
@@ -252,17 +253,30 @@ class WorkerPool:
         self.slot_free.set()
 
     async def _attempt(self, claimed: Claimed, claimed_at: float) -> None:
-        async with self.slots:
-            waited = time.monotonic() - claimed_at
-            if waited > self.app.lease_ms / 1000 * AHEAD_LEASE_SHARE and not await self._renew(claimed):
-                return
+        """Wait for a slot, then run. A claimed-ahead message may wait behind slow handlers for
+        longer than its lease: every AHEAD_LEASE_SHARE of the lease spent waiting, its lease is
+        renewed, so no other worker (nor this one) reclaims it unstarted and its attempt is not lost."""
+        share_s = self.app.lease_ms / 1000 * AHEAD_LEASE_SHARE
+        renew_at = claimed_at + share_s
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
+                    await self.slots.acquire()
+                break
+            except TimeoutError:
+                if not await self._renew(claimed):
+                    return
+                renew_at = time.monotonic() + share_s
+        try:
             began = time.monotonic()
             await self._run_handler(claimed)
             self.handler_s = _ewma(self.handler_s, time.monotonic() - began)
+        finally:
+            self.slots.release()
 
     async def _renew(self, claimed: Claimed) -> bool:
-        """A claimed-ahead message waited for its slot past AHEAD_LEASE_SHARE of its lease: renew the
-        lease before the handler starts, or leave the message (another worker may hold it now)."""
+        """Renew the lease of a message still waiting for a slot, or leave the message (another
+        worker may hold it now)."""
         try:
             if await self.store.renew_lease(self.app.worker_id, claimed, self.app.lease_ms):
                 return True
