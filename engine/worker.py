@@ -253,26 +253,34 @@ class WorkerPool:
         self.slot_free.set()
 
     async def _attempt(self, claimed: Claimed, claimed_at: float) -> None:
-        """Wait for a slot, then run. A claimed-ahead message may wait behind slow handlers for
-        longer than its lease: every AHEAD_LEASE_SHARE of the lease spent waiting, its lease is
-        renewed, so no other worker (nor this one) reclaims it unstarted and its attempt is not lost."""
-        share_s = self.app.lease_ms / 1000 * AHEAD_LEASE_SHARE
-        renew_at = claimed_at + share_s
-        while True:
-            try:
-                async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
-                    await self.slots.acquire()
-                break
-            except TimeoutError:
-                if not await self._renew(claimed):
-                    return
-                renew_at = time.monotonic() + share_s
+        if not await self._take_slot(claimed, claimed_at):
+            return
         try:
             began = time.monotonic()
             await self._run_handler(claimed)
             self.handler_s = _ewma(self.handler_s, time.monotonic() - began)
         finally:
             self.slots.release()
+
+    async def _take_slot(self, claimed: Claimed, claimed_at: float) -> bool:
+        """A handler slot for `claimed`. A claimed-ahead message may wait behind slow handlers for
+        longer than its lease: every AHEAD_LEASE_SHARE of the lease spent waiting, its lease is
+        renewed, so no other worker (nor this one) reclaims it unstarted and its attempt is not lost.
+        False if the lease was lost meanwhile (the message is not run here)."""
+        if not self.slots.locked():
+            await self.slots.acquire()  # a free slot: taken at once, no timer needed
+            return True
+        share_s = self.app.lease_ms / 1000 * AHEAD_LEASE_SHARE
+        renew_at = claimed_at + share_s
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
+                    await self.slots.acquire()
+                return True
+            except TimeoutError:
+                if not await self._renew(claimed):
+                    return False
+                renew_at = time.monotonic() + share_s
 
     async def _renew(self, claimed: Claimed) -> bool:
         """Renew the lease of a message still waiting for a slot, or leave the message (another
