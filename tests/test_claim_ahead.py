@@ -11,7 +11,6 @@ import asyncio
 from typing import Any
 
 from engine import flow, oke, on, signal
-from engine.flows import Binding
 from workers.db import fetch
 
 
@@ -99,48 +98,6 @@ async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on
     assert row == [("delivered", 1)]
     assert [c for c in calls if c[0] == "victim"] == [("victim", 1)]
     assert len(lease_left_ms) == 1 and lease_left_ms[0] > lease_ms * 0.5, lease_left_ms
-
-
-async def test_a_message_waiting_longer_than_its_lease_is_not_reclaimed_unstarted(pg_url):
-    """Worker A (one slot) holds `victim` claimed ahead behind a handler that takes 1.6 leases;
-    worker B, which runs only victim's flow, polls the whole time. Renewed while it waits, `victim`
-    is never B's to take: it runs once, on A, as attempt 1 (had its lease run out while it waited,
-    B would have run it as attempt 2 and A's attempt 1 would never have started)."""
-    lease_ms = 1000
-    slow_jobs = signal.once("ca.long.slow", retries=3)
-    jobs = signal.once("ca.long", retries=3)
-    calls: list[tuple[str, int]] = []
-    slow_started = asyncio.Event()
-
-    async def slow(payload: str, fx: Any) -> None:
-        slow_started.set()
-        await asyncio.sleep(lease_ms / 1000 * 1.6)
-
-    async def fast(payload: str, fx: Any) -> None:
-        calls.append((payload, fx.attempt))
-
-    slow_binding, jobs_binding = Binding(slow_jobs, flow("w.long.slow", do=slow)), Binding(jobs, flow("w.long", do=fast))
-    async with oke("a", database_url=pg_url, lease_ms=lease_ms, worker_id="A",
-                   bindings=[slow_binding, jobs_binding]) as a, \
-            oke("b", database_url=pg_url, lease_ms=lease_ms, worker_id="B", bindings=[jobs_binding]) as b:
-        for n in range(100):  # A's first handlers are fast, so it claims one ahead
-            await a.emit(jobs, f"fast-{n}")
-        await a.emit(slow_jobs, "slow")
-        victim = await a.emit(jobs, "victim")
-        run_a = asyncio.create_task(a.drain(concurrency=1))
-        await asyncio.wait_for(slow_started.wait(), 10)
-        await asyncio.sleep(0.05)
-        assert await fetch(pg_url, "SELECT locked_by FROM oke_messages WHERE id = $1", victim) == [("A",)]
-        run_b = asyncio.create_task(b.run(concurrency=1))
-        await run_a
-        await b.stop()
-        await run_b
-        row = await fetch(pg_url, "SELECT status, attempts FROM oke_messages WHERE id = $1", victim)
-        runs = await fetch(pg_url, "SELECT worker_id, attempt, status FROM oke_runs WHERE message_id = $1",
-                           victim)
-    assert [c for c in calls if c[0] == "victim"] == [("victim", 1)]
-    assert row == [("delivered", 1)]
-    assert runs == [("A", 1, "succeeded")]
 
 
 async def test_a_renewal_is_refused_once_another_worker_holds_the_message(pg_url):
