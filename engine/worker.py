@@ -96,6 +96,7 @@ class WorkerPool:
         self.handler_s = 0.0  # moving averages; 0 until measured (no claiming ahead before that)
         self.claim_s = 0.0
         self.slot_free = asyncio.Event()
+        self.handler_done = asyncio.Event()  # a handler task ended (drain: is everything idle now?)
         self.pending_outcomes: list[Outcome] = []
         self.outcome_ready = asyncio.Event()
         self.settled = asyncio.Event()
@@ -186,7 +187,7 @@ class WorkerPool:
                     self.settled.set()
             for claimed in batch:
                 # One lane never claims ahead (`_ahead` is 0): every claimed message has its slot,
-                # so it runs at once, without the slot wait, the lease check and the handler-time
+                # so it runs at once, without the slot wait, the lease renewal and the handler-time
                 # average that claiming ahead needs (about 1 µs a message).
                 task = asyncio.create_task(self._attempt(claimed, started) if self.lanes > 1
                                            else self._run_handler(claimed))
@@ -199,8 +200,11 @@ class WorkerPool:
                 idle = not self.running and not self.pending_outcomes and not self.settles_in_flight
                 if idle and settles_before == self.settle_count:
                     return
-                await _wait_any(self.slot_free, self.settled, stop, waker.event, timeout=IDLE_POLL_S)
-                self.slot_free.clear()
+                # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
+                # into empty claims for as long as a handler runs. A finished handler (the drain may
+                # be over), a settle (work may be eligible again) or an emit is what counts here.
+                await _wait_any(self.handler_done, self.settled, stop, waker.event, timeout=IDLE_POLL_S)
+                self.handler_done.clear()
                 self.settled.clear()
                 continue
             self._claim_idle()
@@ -251,6 +255,7 @@ class WorkerPool:
     def _release(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
         self.slot_free.set()
+        self.handler_done.set()
 
     async def _attempt(self, claimed: Claimed, claimed_at: float) -> None:
         if not await self._take_slot(claimed, claimed_at):
