@@ -225,17 +225,14 @@ async def test_a_store_from_a_newer_okengine_is_refused_with_a_clear_error(db_ur
 async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url):
     """A fresh store that takes a burst is planned as if empty until ANALYZE: the claim then scans
     and sorts every ready row. The compactor notices (rows changed ≫ rows analyzed) and analyzes."""
+    from burstkit import enqueue_burst
     from engine.bus.routing import rows_for
     from engine import payloads as codec
     from engine.store import postgres
 
     jobs = signal.once("c.burst", retries=0)
     async with oke("c", database_url=pg_url, bindings=[]) as app:
-        for start in range(0, 5000, 1000):
-            rows = []
-            for n in range(start, start + 1000):
-                rows += rows_for(jobs, codec.encode(jobs, n), None, None, ["w.burst"])[1]
-            await app.store.enqueue(rows)
+        await enqueue_burst(app, jobs, 5000, "w.burst")
 
         async def analyzed() -> bool:
             return await app.store.read(lambda c: c.execute(text(

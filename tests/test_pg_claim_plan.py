@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from burstkit import enqueue_burst
 from engine import oke, signal
-from engine import payloads as codec
-from engine.bus.routing import rows_for
 from engine.store import postgres
 
 
@@ -28,11 +27,7 @@ async def _generic_plan(dsn: str, statement: str, types: str, args: str) -> str:
 async def test_the_generic_claim_plan_is_the_ordered_index_scan(pg_url):
     jobs = signal.once("plan.jobs")
     async with oke("p", database_url=pg_url, bindings=[]) as app:
-        for start in range(0, 4000, 1000):
-            rows = []
-            for n in range(start, start + 1000):
-                rows += rows_for(jobs, codec.encode(jobs, n), None, None, ["w.plan"])[1]
-            await app.store.enqueue(rows)
+        await enqueue_burst(app, jobs, 4000, "w.plan")
         dsn = postgres.asyncpg_dsn(pg_url)
         conn = await asyncpg.connect(dsn)
         await conn.execute("ANALYZE oke_messages")
