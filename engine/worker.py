@@ -198,8 +198,12 @@ class WorkerPool:
             if until_idle:
                 self._claim_idle()
                 idle = not self.running and not self.pending_outcomes and not self.settles_in_flight
-                if idle and settles_before == self.settle_count:
-                    return
+                if idle:
+                    if settles_before == self.settle_count:
+                        return
+                    # A settle landed during the claim: claim again now. Waiting for its `settled`
+                    # could wait out IDLE_POLL_S, since the other lane may have cleared it already.
+                    continue
                 # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
                 # into empty claims for as long as a handler runs. A finished handler (the drain may
                 # be over), a settle (work may be eligible again) or an emit is what counts here.
