@@ -317,6 +317,30 @@ async def test_same_worker_reclaiming_its_own_message_is_fenced_by_attempt(db_ur
     assert await fetch(db_url, "SELECT count(*) FROM oke_failures") == [(0,)]
 
 
+async def test_a_batch_with_a_late_and_a_current_success_of_one_message_acks_only_the_current(db_url):
+    """Five successes settled at once, two of them attempts 1 and 2 of one message this worker
+    reclaimed from itself: attempt 1's is refused (lease_lost), everything else lands."""
+    jobs = signal.once("jobs")
+    on(jobs, flow("w", do=lambda p, fx: None))
+    async with oke("t", database_url=db_url) as app:
+        store = app.store
+        msg_id = await app.emit(jobs, {"n": "twice"})
+        [first] = await store.claim(["jobs"], "same", 30, 1)
+        await asyncio.sleep(0.1)
+        [second] = await store.claim(["jobs"], "same", 30_000, 1)
+        others = [await app.emit(jobs, {"n": n}) for n in range(3)]
+        rest = await store.claim(["jobs"], "same", 30_000, 3)
+        outcomes = [Outcome(c, f"run_{c.id}_{c.attempts}", "w", True, now_ms(), now_ms())
+                    for c in [first, second, *rest]]
+        assert await store.settle("same", outcomes) == [False, True, True, True, True]
+    rows = dict((r[0], r[1:]) for r in await fetch(db_url, "SELECT id, status, attempts FROM oke_messages"))
+    assert rows[msg_id] == ("delivered", 2)
+    assert [rows[i] for i in others] == [("delivered", 1)] * 3
+    runs = await fetch(db_url, "SELECT attempt, status FROM oke_runs WHERE message_id = $1 ORDER BY attempt",
+                       msg_id)
+    assert runs == [(1, "lease_lost"), (2, "succeeded")]
+
+
 @pytest.mark.parametrize("a_late", ["succeeds", "fails"])
 @pytest.mark.parametrize("b_does", ["succeeds", "fails"])
 @pytest.mark.parametrize("a_finishes", ["after_b_settled", "while_b_runs"])

@@ -51,9 +51,23 @@ UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = att
 RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id
 """
 
-# Successes in one statement (their seq and attempts as one JSON array) from ACK_BATCH_FROM of them:
-# 0.9 µs a message at 32 against 1.7 one by one; under 6 the JSON's fixed cost loses. Fenced alike.
-ACK_BATCH_FROM = 8
+# Successes from ACK_BATCH_FROM of them: one `seq IN (...)` statement per attempt number, under a
+# savepoint, with no RETURNING. When every outcome matched its row (the rule) that is all; when one
+# did not (its lease was lost), the savepoint is rolled back and _ACK_BATCH, which returns the rows
+# it acked, does the batch instead. Measured a message: at 32, 3.2 µs against 4.4 for _ACK_BATCH
+# alone (its json_each join and RETURNING) and 6.5 one by one; from 4 on it beats one by one.
+ACK_BATCH_FROM = 4
+ACK_ROWS_PER_STATEMENT = 64
+
+
+@functools.lru_cache(maxsize=ACK_ROWS_PER_STATEMENT)
+def _ack_in_statement(rows: int) -> str:
+    seqs = ", ".join(["?"] * rows)
+    return ("UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, "
+            f"updated_at = ?, finished_at = ? WHERE seq IN ({seqs}) AND attempts = ? AND locked_by = ? "
+            "AND status = 'inflight'")
+
+
 _ACK_BATCH = """
 UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL,
        updated_at = :now, finished_at = :now
@@ -335,6 +349,28 @@ def _claim_in(raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_i
     return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
 
 
+def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int) -> bool:
+    """Ack every (seq, attempts) of `oks` if this worker holds each one; else change nothing, False.
+
+    Rows acked = len(oks) proves each pair matched its own row: the seqs of one attempt number are
+    distinct, and a seq under two attempt numbers (a late outcome beside the current one) can match
+    only once, so the count falls short and everything is rolled back.
+    """
+    by_attempt: dict[int, list[int]] = {}
+    for seq, attempts in oks:
+        by_attempt.setdefault(attempts, []).append(seq)
+    raw.execute("SAVEPOINT oke_ack")
+    acked = 0
+    for attempts, seqs in by_attempt.items():
+        for start in range(0, len(seqs), ACK_ROWS_PER_STATEMENT):
+            chunk = seqs[start:start + ACK_ROWS_PER_STATEMENT]
+            acked += raw.execute(_ack_in_statement(len(chunk)), (now, now, *chunk, attempts, worker_id)).rowcount
+    if acked != len(oks):
+        raw.execute("ROLLBACK TO oke_ack")
+    raw.execute("RELEASE oke_ack")
+    return acked == len(oks)
+
+
 def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
     """Fenced outcomes, their failure records and runs, in the caller's write transaction."""
     now = now_ms()
@@ -343,8 +379,11 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
     held: set[tuple[int, int]] = set()
     oks = [(o.claimed.seq, o.claimed.attempts) for o in outcomes if o.ok]
     if len(oks) >= ACK_BATCH_FROM:
-        fence = {"fence": json.dumps(oks), "worker": worker_id, "now": now}
-        held.update(raw.execute(_ACK_BATCH, fence).fetchall())
+        if _ack_all_held(raw, worker_id, oks, now):
+            held.update(oks)
+        else:
+            fence = {"fence": json.dumps(oks), "worker": worker_id, "now": now}
+            held.update(raw.execute(_ACK_BATCH, fence).fetchall())
         one_by_one = [o for o in outcomes if not o.ok]
     else:
         one_by_one = list(outcomes)
