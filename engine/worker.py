@@ -16,6 +16,7 @@ of waiting a round trip. Slow handlers claim ahead by little or nothing.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import time
@@ -90,6 +91,7 @@ class WorkerPool:
         # Every leased message of this worker has a task here: running its handler, or (claimed
         # ahead) waiting for one of the `concurrency` slots.
         self.running: set[asyncio.Task[None]] = set()
+        self.held = 0  # leased messages whose handler has not ended yet (running or waiting for a slot)
         self.slots = asyncio.Semaphore(concurrency)
         self.lanes = max(1, self.store.concurrent_claims)
         self.requested = 0  # rows asked for by claims in flight
@@ -185,14 +187,14 @@ class WorkerPool:
                 if outcomes:
                     self._end_settle()
                     self.settled.set()
-            for claimed in batch:
+            if self.lanes > 1:
+                for claimed in batch:
+                    self._track(asyncio.create_task(self._attempt(claimed, started)), 1)
+            elif batch:
                 # One lane never claims ahead (`_ahead` is 0): every claimed message has its slot,
                 # so it runs at once, without the slot wait, the lease renewal and the handler-time
-                # average that claiming ahead needs (about 1 µs a message).
-                task = asyncio.create_task(self._attempt(claimed, started) if self.lanes > 1
-                                           else self._run_handler(claimed))
-                self.running.add(task)
-                task.add_done_callback(self._release)
+                # average that claiming ahead needs.
+                self._track(asyncio.create_task(self._run_in_turn(batch, 0)), len(batch))
             if batch:
                 continue
             if until_idle:
@@ -220,7 +222,7 @@ class WorkerPool:
     def _claim_size(self) -> int:
         """How many messages the next claim asks for: the free slots, plus (claiming ahead) what the
         handlers should finish while the claim is on the wire, never more than `concurrency`."""
-        held = len(self.running) + self.requested
+        held = self.held + self.requested
         return min(self.concurrency, self.concurrency + self._ahead() - held)
 
     def _ahead(self) -> int:
@@ -256,13 +258,44 @@ class WorkerPool:
     def _settler_leaves_outcomes(self) -> bool:
         return self.store.settles_with_claims and self.claim_pending and not self.stopping
 
+    def _track(self, task: asyncio.Task[None], messages: int) -> None:
+        self.held += messages
+        self.running.add(task)
+        task.add_done_callback(self._release)
+
     def _release(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
         self.slot_free.set()
         self.handler_done.set()
 
+    async def _run_in_turn(self, batch: list[Claimed], start: int) -> None:
+        """Run the handlers of `batch` from `start` in this one task while each finishes without
+        suspending; the first that suspends keeps this task to itself, and the rest of the batch
+        goes on in a new task. Saves a task a message (3 µs of the event loop's 8.5) for handlers
+        that never wait.
+
+        A handler sees what a task of its own would show it: its own copy of the context, and a
+        current task that runs nothing else while it waits, so asyncio.timeout() and cancels of a
+        waiting handler reach it and nobody else. One difference remains: a handler that finishes
+        without waiting shares its task with the handlers run in turn after it, so a cancel it
+        schedules for its own task to happen later (asyncio.timeout() never does) reaches the
+        handler that task is waiting in by then, which ends as if the worker were stopping.
+        """
+        for i in range(start, len(batch)):
+            coro = self._run_handler(batch[i])
+            context = contextvars.copy_context()
+            try:
+                step = context.run(coro.send, None)
+            except StopIteration:
+                continue
+            if i + 1 < len(batch):
+                self._track(asyncio.create_task(self._run_in_turn(batch, i + 1)), 0)
+            await _Resumed(coro, step, context)
+            return
+
     async def _attempt(self, claimed: Claimed, claimed_at: float) -> None:
         if not await self._take_slot(claimed, claimed_at):
+            self.held -= 1  # not started here: it no longer counts against this worker's claims
             return
         try:
             began = time.monotonic()
@@ -323,6 +356,7 @@ class WorkerPool:
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
+                self.held -= 1
                 raise  # stopping: leave the message inflight, reclaimable after its lease
             # the handler's own code raised it (it awaited something cancelled): a failure
             ok = False
@@ -330,6 +364,7 @@ class WorkerPool:
         except Exception as exc:
             ok = False
             code, message = failure_code(exc), failure_message(exc)
+        self.held -= 1
         self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
                                              now_ms(), code, message))
         self.outcome_ready.set()
@@ -368,6 +403,35 @@ class WorkerPool:
             finally:
                 self._end_settle()
             self.settled.set()
+
+
+class _Resumed:
+    """Awaiting it drives `coro` on from the step it suspended at, inside `context`, as `await coro`
+    would have from the start: what the task sends or throws in goes to the coroutine."""
+
+    __slots__ = ("coro", "step", "context")
+
+    def __init__(self, coro: Any, step: Any, context: contextvars.Context) -> None:
+        self.coro, self.step, self.context = coro, step, context
+
+    def __await__(self) -> Any:
+        coro, context, step = self.coro, self.context, self.step
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    step = context.run(coro.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    step = context.run(coro.send, sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 def _ewma(average: float, sample: float) -> float:
