@@ -132,6 +132,8 @@ class WorkerPool:
         finally:
             for waker in wakers:
                 waker.close()
+            if self.running:  # leaving early (cancelled, or a lane failed): do not wait on handlers
+                await self._cancel_running()
             self.stopping = True
             self.outcome_ready.set()
             await settler
@@ -145,6 +147,19 @@ class WorkerPool:
             await asyncio.gather(*late, return_exceptions=True)
             log.warning("%d handlers outlived the stop grace period; their messages will be "
                         "reclaimed after the lease", len(late))
+
+    async def _cancel_running(self) -> None:
+        """Cancel the running handlers at once (their messages stay inflight, reclaimable after the
+        lease) and give them the stop grace period to unwind. One that swallows the cancel and
+        runs on is left behind: the settler stops waiting for it, and its message is reclaimed."""
+        tasks = list(self.running)
+        for task in tasks:
+            task.cancel()
+        _done, stuck = await asyncio.wait(tasks, timeout=self.app.stop_grace_s)
+        if stuck:
+            log.warning("%d handlers ignored the cancel; their messages will be reclaimed after the lease",
+                        len(stuck))
+            self.running.difference_update(stuck)
 
     async def _claim_loop(self, waker: Any, until_idle: bool) -> None:
         stop = self.app._stop_requested

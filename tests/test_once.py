@@ -435,6 +435,41 @@ async def test_stop_leaves_a_running_handler_reclaimable(db_url):
     assert (row["status"], row["attempts"]) == ("delivered", 2)
 
 
+@pytest.mark.parametrize("how", ["drain", "run"])
+async def test_cancelling_drain_or_run_returns_promptly_and_keeps_finished_outcomes(db_url, how):
+    """`asyncio.timeout()` around drain() (or cancelling the task running run()) while one handler
+    never returns: the cancel ends it within a second, not when the handler ends (never). The
+    stuck message stays inflight for its lease; the ones that finished are settled."""
+    jobs = signal.once("jobs")
+    stuck_started = asyncio.Event()
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        if payload == "stuck":
+            stuck_started.set()
+            await asyncio.sleep(3600)
+
+    async with oke("t", database_url=db_url, stop_grace_s=30) as app:
+        stuck = await app.emit(jobs, "stuck")
+        quick = [await app.emit(jobs, n) for n in range(3)]
+        began = asyncio.get_running_loop().time()
+        if how == "drain":
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await app.drain()
+        else:
+            running = asyncio.create_task(app.run())
+            await asyncio.wait_for(stuck_started.wait(), 20)
+            await asyncio.sleep(0.3)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(running, 20)
+        assert asyncio.get_running_loop().time() - began < 5
+        assert (await _row(db_url, stuck))["status"] == "inflight"
+        assert [(await _row(db_url, m))["status"] for m in quick] == ["delivered"] * 3
+
+
 async def test_status_path_is_pending_inflight_delivered_or_dead_only(db_url):
     jobs = signal.once("jobs", retries=1)
 
