@@ -129,24 +129,29 @@ class WorkerPool:
                 self._claim_idle()  # no more claims: the settler takes every outcome from here on
             if self.running:
                 await self._finish_running()
+        except asyncio.CancelledError:
+            if self.running:  # the caller gave up (a timeout around drain()): do not wait on handlers
+                await self._cancel_running()
+            raise
+        except BaseException:
+            if self.running:  # a lane failed: running handlers may still end within the grace
+                await self._finish_running()
+            raise
         finally:
             for waker in wakers:
                 waker.close()
-            if self.running:  # leaving early (cancelled, or a lane failed): do not wait on handlers
-                await self._cancel_running()
             self.stopping = True
             self.outcome_ready.set()
             await settler
 
     async def _finish_running(self) -> None:
-        """Let running handlers end within the grace period; the rest stay reclaimable."""
-        done, late = await asyncio.wait(self.running, timeout=self.app.stop_grace_s)
-        for task in late:
-            task.cancel()
+        """Let running handlers end within the grace period; the rest are cancelled and stay
+        reclaimable."""
+        _done, late = await asyncio.wait(self.running, timeout=self.app.stop_grace_s)
         if late:
-            await asyncio.gather(*late, return_exceptions=True)
             log.warning("%d handlers outlived the stop grace period; their messages will be "
                         "reclaimed after the lease", len(late))
+            await self._cancel_running()
 
     async def _cancel_running(self) -> None:
         """Cancel the running handlers at once (their messages stay inflight, reclaimable after the

@@ -470,6 +470,34 @@ async def test_cancelling_drain_or_run_returns_promptly_and_keeps_finished_outco
         assert [(await _row(db_url, m))["status"] for m in quick] == ["delivered"] * 3
 
 
+async def test_a_handler_that_swallows_the_cancel_does_not_hold_up_a_cancelled_drain(db_url):
+    """The stuck handler catches the cancel and runs on for another 1.5 s: the drain still ends
+    after the stop grace (0.2 s), leaving that message inflight."""
+    jobs = signal.once("jobs")
+    swallowed = asyncio.Event()
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()
+            await asyncio.sleep(1.5)
+
+    async with oke("t", database_url=db_url, stop_grace_s=0.2) as app:
+        msg_id = await app.emit(jobs)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await app.drain()
+        took = asyncio.get_running_loop().time() - began
+        assert swallowed.is_set()
+        assert took < 1.2, took  # well before the handler's own 1.5 s
+        assert (await _row(db_url, msg_id))["status"] == "inflight"
+        await asyncio.sleep(1.5)  # let it end before the app closes
+
+
 async def test_status_path_is_pending_inflight_delivered_or_dead_only(db_url):
     jobs = signal.once("jobs", retries=1)
 
