@@ -471,7 +471,7 @@ async def test_cancelling_drain_or_run_returns_promptly_and_keeps_finished_outco
 
 
 async def test_a_handler_that_swallows_the_cancel_does_not_hold_up_a_cancelled_drain(db_url):
-    """The stuck handler catches the cancel and runs on for another 1.5 s: the drain still ends
+    """The stuck handler catches the cancel and runs on for another 3 s: the drain still ends
     after the stop grace (0.2 s), leaving that message inflight."""
     jobs = signal.once("jobs")
     swallowed = asyncio.Event()
@@ -483,7 +483,7 @@ async def test_a_handler_that_swallows_the_cancel_does_not_hold_up_a_cancelled_d
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             swallowed.set()
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(3)
 
     async with oke("t", database_url=db_url, stop_grace_s=0.2) as app:
         msg_id = await app.emit(jobs)
@@ -493,9 +493,9 @@ async def test_a_handler_that_swallows_the_cancel_does_not_hold_up_a_cancelled_d
                 await app.drain()
         took = asyncio.get_running_loop().time() - began
         assert swallowed.is_set()
-        assert took < 1.2, took  # well before the handler's own 1.5 s
+        assert took < 2.0, took  # well before the handler's own 3 s
         assert (await _row(db_url, msg_id))["status"] == "inflight"
-        await asyncio.sleep(1.5)  # let it end before the app closes
+        await asyncio.sleep(3)  # let it end before the app closes
 
 
 async def test_status_path_is_pending_inflight_delivered_or_dead_only(db_url):
