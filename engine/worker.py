@@ -376,7 +376,6 @@ class WorkerPool:
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
-                self.held -= 1
                 raise  # stopping: leave the message inflight, reclaimable after its lease
             # the handler's own code raised it (it awaited something cancelled): a failure
             ok = False
@@ -384,7 +383,8 @@ class WorkerPool:
         except Exception as exc:
             ok = False
             code, message = failure_code(exc), failure_message(exc)
-        self.held -= 1
+        finally:
+            self.held -= 1  # ended, with an outcome or (stopping) without one
         self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
                                              now_ms(), code, message))
         self.outcome_ready.set()
