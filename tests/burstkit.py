@@ -1,5 +1,5 @@
-"""Thousands of `once` messages stored through `store.enqueue` in batches of 1,000: a big table in a
-second, for tests about plans and statistics (one `app.emit` each would take far longer)."""
+"""Many messages stored through the engine's own routing and `store.enqueue`, 1,000 per transaction:
+a big table in a second (one `app.emit` each would take far longer)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,10 +8,15 @@ from engine import payloads as codec
 from engine.bus.routing import rows_for
 
 
-async def enqueue_burst(app: Any, signal: Any, count: int, flow_name: str) -> None:
-    """Store `count` messages of `signal` (payloads 0 … count-1) for the flow `flow_name`."""
-    for start in range(0, count, 1000):
+async def emit_many(app: Any, sig: Any, payloads: list[Any], key: str | None = None) -> list[str]:
+    """Emit `payloads` to `sig` for the flows bound to it in `app`'s manifest; the message ids."""
+    flows = [f.name for f in app.manifest.signal_flows.get(sig.name, [])]
+    ids: list[str] = []
+    for start in range(0, len(payloads), 1000):
         rows = []
-        for n in range(start, min(start + 1000, count)):
-            rows += rows_for(signal, codec.encode(signal, n), None, None, [flow_name])[1]
+        for value in payloads[start:start + 1000]:
+            msg_id, new_rows = rows_for(sig, codec.encode(sig, value), key, None, flows)
+            ids.append(msg_id)
+            rows += new_rows
         await app.store.enqueue(rows)
+    return ids

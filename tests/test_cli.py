@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from engine import flow, oke, on, ops, signal
 from engine.store import make_store
 from okconsole.cli import app
-from test_ops import Boom, emit_many
+from burstkit import emit_many
+from test_ops import Boom
 
 runner = CliRunner()
 DEAD_LETTER_FIELDS = {"id", "signal", "key", "payload", "attempts", "failures", "created_at", "parent_run_id",

@@ -225,14 +225,12 @@ async def test_a_store_from_a_newer_okengine_is_refused_with_a_clear_error(db_ur
 async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url):
     """A fresh store that takes a burst is planned as if empty until ANALYZE: the claim then scans
     and sorts every ready row. The compactor notices (rows changed ≫ rows analyzed) and analyzes."""
-    from burstkit import enqueue_burst
-    from engine.bus.routing import rows_for
-    from engine import payloads as codec
+    from burstkit import emit_many
     from engine.store import postgres
 
     jobs = signal.once("c.burst", retries=0)
     async with oke("c", database_url=pg_url, bindings=[]) as app:
-        await enqueue_burst(app, jobs, 5000, "w.burst")
+        await emit_many(app, jobs, list(range(5000)))
 
         async def analyzed() -> bool:
             return await app.store.read(lambda c: c.execute(text(
@@ -242,8 +240,7 @@ async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url
         async with asyncio.timeout(30):
             while not await analyzed():
                 app.store._compacted_at -= postgres.COMPACT_EVERY_S  # due: the next enqueue runs it
-                rows = rows_for(jobs, codec.encode(jobs, -1), None, None, ["w.burst"])[1]
-                await app.store.enqueue(rows)
+                await emit_many(app, jobs, [-1])
                 if app.store._compacting is not None:
                     await asyncio.shield(app.store._compacting)
                 await asyncio.sleep(0.5)

@@ -11,15 +11,11 @@ import asyncio
 import contextvars
 from typing import Any
 
+from burstkit import emit_many
 from engine import flow, oke, on, signal
 from workers.db import fetch
 
 TRACE: contextvars.ContextVar[str] = contextvars.ContextVar("trace", default="unset")
-
-
-async def _emit_all(app: Any, sig: Any, payloads: list[Any]) -> None:
-    for payload in payloads:
-        await app.emit(sig, payload)
 
 
 async def test_handlers_after_a_suspended_one_start_at_once(db_url):
@@ -42,7 +38,7 @@ async def test_handlers_after_a_suspended_one_start_at_once(db_url):
         finished.append(n)
 
     async with oke("t", database_url=db_url) as app:
-        await _emit_all(app, jobs, list(range(8)))
+        await emit_many(app, jobs, list(range(8)))
         async with asyncio.timeout(20):
             await app.drain(concurrency=8)
     assert sorted(finished) == list(range(8))
@@ -65,7 +61,7 @@ async def test_a_timeout_in_one_handler_fails_that_handler_only(db_url):
             await asyncio.sleep(0.3)
 
     async with oke("t", database_url=db_url) as app:
-        await _emit_all(app, jobs, ["quick", "times-out", "quick", "waits", "quick"])
+        await emit_many(app, jobs, ["quick", "times-out", "quick", "waits", "quick"])
         async with asyncio.timeout(20):
             await app.drain(concurrency=8)
     rows = await fetch(db_url, "SELECT payload, status FROM oke_messages ORDER BY seq")
@@ -97,7 +93,7 @@ async def test_each_waiting_handler_has_a_current_task_of_its_own(db_url):
         seen[name] = (id(before), id(asyncio.current_task()))
 
     async with oke("t", database_url=db_url) as app:
-        await _emit_all(app, jobs, ["quick", "first", "quick", "second", "quick"])
+        await emit_many(app, jobs, ["quick", "first", "quick", "second", "quick"])
         async with asyncio.timeout(20):
             await app.drain(concurrency=8)
     assert seen["first"][0] == seen["first"][1]
@@ -121,6 +117,6 @@ async def test_a_context_variable_set_by_one_handler_is_not_seen_by_the_next(db_
         seen.append((name, found, TRACE.get()))
 
     async with oke("t", database_url=db_url) as app:
-        await _emit_all(app, jobs, ["a", "b", "waits-c", "d", "waits-e", "f"])
+        await emit_many(app, jobs, ["a", "b", "waits-c", "d", "waits-e", "f"])
         await app.drain(concurrency=8)
     assert sorted(seen) == sorted((name, "unset", name) for name in ["a", "b", "waits-c", "d", "waits-e", "f"])

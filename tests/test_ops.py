@@ -15,9 +15,8 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import text
 
+from burstkit import emit_many
 from engine import OkeError, flow, oke, on, ops, signal
-from engine import payloads as payload_codec
-from engine.bus.routing import rows_for
 from engine.store import make_store
 from engine.store.base import Waker
 
@@ -39,20 +38,6 @@ async def sql_write(store, *statements: str) -> None:
         for s in statements:
             conn.execute(text(s))
     await store.write(run)
-
-
-async def emit_many(app, sig, payloads: list[Any], key: str | None = None) -> list[str]:
-    """Emit many messages through the engine's own routing and enqueue, 1000 per transaction."""
-    flows = [f.name for f in app.manifest.signal_flows.get(sig.name, [])]
-    ids: list[str] = []
-    for start in range(0, len(payloads), 1000):
-        rows = []
-        for value in payloads[start:start + 1000]:
-            msg_id, new_rows = rows_for(sig, payload_codec.encode(sig, value), key, None, flows)
-            ids.append(msg_id)
-            rows += new_rows
-        await app.store.enqueue(rows)
-    return ids
 
 
 def by_signal(rows: list[ops.SignalStats]) -> dict[str, ops.SignalStats]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from burstkit import enqueue_burst
+from burstkit import emit_many
 from engine import oke, signal
 from engine.store import postgres
 
@@ -27,7 +27,7 @@ async def _generic_plan(dsn: str, statement: str, types: str, args: str) -> str:
 async def test_the_generic_claim_plan_is_the_ordered_index_scan(pg_url):
     jobs = signal.once("plan.jobs")
     async with oke("p", database_url=pg_url, bindings=[]) as app:
-        await enqueue_burst(app, jobs, 4000, "w.plan")
+        await emit_many(app, jobs, list(range(4000)))
         dsn = postgres.asyncpg_dsn(pg_url)
         conn = await asyncpg.connect(dsn)
         await conn.execute("ANALYZE oke_messages")
