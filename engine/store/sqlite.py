@@ -6,18 +6,25 @@ runs each claim, settle or enqueue as one `BEGIN IMMEDIATE … COMMIT` hop, and 
 reader for the console's queries. Several processes may open one file; they
 meet through SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`)
 and wake each other by watching the WAL file change.
+
+Every commit is on disk before its call returns, as with `synchronous=FULL`, but
+the writer makes that fsync itself (SQLite runs at `synchronous=NORMAL`): a
+claim hands its messages to the handlers once its commit is written to the
+WAL, visible to every process and safe from a crash of this one, and the
+handlers start while the fsync runs (see `_DbThread.call_handing_over`).
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import json
+import logging
 import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import make_url
@@ -29,8 +36,12 @@ from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
 
 T = TypeVar("T")
+log = logging.getLogger("engine.store.sqlite")
 BUSY_TIMEOUT_MS = 30_000
-SYNCHRONOUS = "FULL"  # every commit is fsynced: a delivered message stays delivered after a power cut
+# SQLite writes each commit to the WAL without syncing it; the writer thread fsyncs the WAL after
+# every commit itself (_DbThread._sync_wal), so each commit is on disk before its call returns.
+SYNCHRONOUS = "NORMAL"
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # what SQLite itself uses for a WAL sync on Linux
 WAL_POLL_S = 0.02
 
 _CLAIM = """
@@ -175,16 +186,21 @@ class _DbThread:
     the check every emit would "succeed" into a file nobody can open again. A missing or replaced
     file is an outage (StoreUnavailable); the connection is dropped and reopened once a file is back
     at the path, never created anew (`may_create` only lets the writer create the store at open).
+
+    The writer (`syncs_wal`) fsyncs the WAL after each call: with SQLite at synchronous=NORMAL
+    that is what makes each commit durable before the call returns.
     """
 
     def __init__(self, name: str, path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
-                 may_create: bool = False) -> None:
+                 may_create: bool = False, syncs_wal: bool = False) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.closed = False
         self.path = path
         self.begin_sql = begin_sql
         self.busy_timeout_ms = busy_timeout_ms
         self.may_create = may_create
+        self.syncs_wal = syncs_wal
+        self.wal_fd: int | None = None
         self.engine: Any = None
         self.conn: Connection | None = None
         self.identity: tuple[int, int] | None = None
@@ -209,11 +225,81 @@ class _DbThread:
             self.may_create = False
         return self.conn
 
+    def _sync_wal(self) -> None:
+        """fdatasync the WAL, as SQLite's synchronous=FULL does after each commit. The file stays
+        the same while this connection is open (SQLite deletes it only when its last connection
+        closes, and a checkpoint truncates it in place), so one descriptor serves every call.
+        A failed sync drops the connection: the commit may not survive a power cut, and it is
+        reported as an outage rather than trusted."""
+        if self.conn is None:
+            return
+        try:
+            if self.wal_fd is None:
+                self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            _fdatasync(self.wal_fd)
+        except OSError as err:
+            self._close()
+            raise StoreUnavailable(f"SQLite store {self.path}: syncing the WAL to disk failed ({err}); "
+                                   "the last commit may not survive a power cut") from err
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        result = fn(self._connect(), *args)
+        if self.syncs_wal:
+            self._sync_wal()
+        return result
+
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(connection, *args)` on this thread; returns once its commit is on disk."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(self._connect(), *args))
+        return await loop.run_in_executor(self.executor, self._run, fn, args)
+
+    async def call_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool]) -> T:
+        """As `call`, but when `early(result)` holds the result comes back as soon as `fn`'s commit
+        is written to the WAL, while the WAL is still being synced: a claim's handlers then start
+        during the fsync instead of after it.
+
+        The claim is written (visible to every process, kept if this process dies) before any handler
+        starts; only a power cut within the fsync could undo it, and its messages would then be
+        claimed again with the same attempt number. The next call on this thread starts after the
+        sync, so nothing that follows (an outcome, an emit of the handler) is on disk before it.
+        The writer thread posts to the loop once a call, not twice (the result, then the executor's
+        completion): a second wake-up of the loop would contend with the next call for the GIL."""
+        loop = asyncio.get_running_loop()
+        handover: _Handover[T] = _Handover(loop)
+        job = self.executor.submit(self._run_handing_over, fn, early, handover)
+        try:
+            return await handover.future
+        except asyncio.CancelledError:
+            job.cancel()  # not started yet: never runs (a started call runs on, as with `call`)
+            raise
+
+    def _run_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool],
+                          handover: "_Handover[T]") -> None:
+        try:
+            result = fn(self._connect())
+        except BaseException as err:
+            handover.post(err)
+            return
+        handed = early(result)
+        if handed:
+            handover.post(result)
+        try:
+            if self.syncs_wal:
+                self._sync_wal()
+        except StoreUnavailable as err:
+            if not handed:
+                handover.post(err)
+                return
+            # The claim stands (its handlers run, every process sees it), but it may not survive a
+            # power cut; nobody awaits this call any more, so the log is where it is told.
+            log.error("%s", err)
+        if not handed:
+            handover.post(result)
 
     def _close(self) -> None:
+        if self.wal_fd is not None:
+            os.close(self.wal_fd)
+            self.wal_fd = None
         if self.conn is not None:
             self.conn.close()
             self.engine.dispose()
@@ -227,6 +313,28 @@ class _DbThread:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self._close)
         self.executor.shutdown(wait=False)
+
+
+class _Handover(Generic[T]):
+    """A call's result (or error), posted once from the writer thread to the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[T] = loop.create_future()
+
+    def post(self, outcome: T | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._take, outcome)
+        except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+            pass
+
+    def _take(self, outcome: T | BaseException) -> None:
+        if self.future.done():  # the caller was cancelled
+            return
+        if isinstance(outcome, BaseException):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
 
 
 def _raw(conn: Connection) -> sqlite3.Connection:
@@ -260,7 +368,7 @@ class SqliteStore(Store):
         self.path = sqlite_path(url)
         self.busy_timeout_ms = busy_timeout_ms
         self._writer = _DbThread("oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms,
-                                 may_create=True)
+                                 may_create=True, syncs_wal=True)
         self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
         self._claim_sql: dict[int, str] = {}
 
@@ -309,8 +417,9 @@ class SqliteStore(Store):
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = self._claim_statement(len(queues))
-        return await self._writer.call(lambda conn: _in_write_tx(
-            conn, lambda raw: _claim_in(raw, sql, queues, worker_id, lease_ms, limit)))
+        return await self._writer.call_handing_over(
+            lambda conn: _in_write_tx(conn, lambda raw: _claim_in(raw, sql, queues, worker_id, lease_ms, limit)),
+            early=bool)
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         held = await self._writer.call(
@@ -331,7 +440,10 @@ class SqliteStore(Store):
             held = _settle_in(raw, worker_id, outcomes) if outcomes else []
             return held, _claim_in(raw, sql, queues, worker_id, lease_ms, limit)
 
-        result = await self._writer.call(lambda conn: _in_write_tx(conn, run))
+        # Handed over before the sync only with messages to run: an empty claim (a drain's last)
+        # returns once its settle is on disk.
+        result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run),
+                                                      early=lambda r: bool(r[1]))
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # other workers of this process: a failed attempt is pending again
         return result

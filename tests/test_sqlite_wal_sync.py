@@ -1,0 +1,172 @@
+"""SQLite durability with the writer's own WAL sync (engine/store/sqlite.py `_DbThread`).
+
+SQLite runs at synchronous=NORMAL and the writer thread fdatasyncs the WAL after every commit.
+What must hold: a write (an emit) returns only after that sync; a claim's handlers start once the
+claim is committed (another connection sees it) and while its sync is still running; a drain
+returns only after its last outcomes are synced; a failed sync is an outage, never a silent success.
+
+The sync is gated by wrapping the real fdatasync (the OS call, not the engine), so a test can hold
+the writer thread inside it and look at what the rest of the engine does meanwhile.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import sqlite3
+import threading
+from typing import Any, Callable
+
+import pytest
+
+import engine.store.sqlite as sqlite_store
+from engine import StoreUnavailable, flow, oke, on, signal
+
+GATE_S = 0.3  # how long a test holds a sync before it looks at what happened meanwhile
+
+
+class SyncGate:
+    """Wraps the WAL sync: when armed, the next sync waits (in the writer thread) until released."""
+
+    def __init__(self, real: Callable[[int], None]) -> None:
+        self.real = real
+        self.armed = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail_next: OSError | None = None
+        self.calls = 0
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the held sync"
+        self.real(fd)
+
+    async def wait_entered(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 20), "no sync was held"
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> SyncGate:
+    wrapper = SyncGate(sqlite_store._fdatasync)
+    monkeypatch.setattr(sqlite_store, "_fdatasync", wrapper)
+    yield wrapper
+    wrapper.release.set()  # never leave a writer thread stuck behind a failed test
+
+
+def _row(path: str, sql: str, *args: Any) -> Any:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, args).fetchone()
+    finally:
+        conn.close()
+
+
+async def test_an_emit_returns_only_after_its_commit_is_synced(sqlite_url, gate):
+    """The commit is visible to another connection while the sync is held, yet emit has not returned."""
+    jobs = signal.once("sync.emit", optional=True)
+    path = sqlite_store.sqlite_path(sqlite_url)
+    async with oke("t", database_url=sqlite_url) as app:
+        gate.armed = True
+        emitting = asyncio.create_task(app.emit(jobs, {"n": 1}))
+        await gate.wait_entered()
+        await asyncio.sleep(GATE_S)
+        assert _row(path, "SELECT count(*) FROM oke_messages")[0] == 1  # committed, written
+        assert not emitting.done()  # but not reported until it is on disk
+        gate.release.set()
+        await asyncio.wait_for(emitting, 10)
+    assert _row(path, "PRAGMA journal_mode")[0] == "wal"
+
+
+async def test_a_claims_handlers_start_while_its_sync_runs(sqlite_url, gate):
+    """With the sync after a claim held, its handler still starts, and at that moment another
+    connection already sees the claim (inflight, attempt 1, this worker's lease)."""
+    jobs = signal.once("sync.claim", retries=0)
+    path = sqlite_store.sqlite_path(sqlite_url)
+    seen: list[Any] = []
+    started = asyncio.Event()
+
+    @on(jobs)
+    @flow("w.sync.claim")
+    async def handle(n: int, fx: Any) -> None:
+        seen.append(_row(path, "SELECT status, attempts, locked_by IS NOT NULL FROM oke_messages WHERE id = ?",
+                         fx.message_id))
+        started.set()
+
+    async with oke("t", database_url=sqlite_url) as app:
+        await app.emit(jobs, 1)
+        gate.armed = True  # the next sync is the claim's
+        draining = asyncio.create_task(app.drain(concurrency=4))
+        await gate.wait_entered()
+        await asyncio.wait_for(started.wait(), 10)  # before the sync was released
+        assert not gate.release.is_set()
+        gate.release.set()
+        await asyncio.wait_for(draining, 20)
+    assert seen == [("inflight", 1, 1)]
+    assert _row(path, "SELECT status, attempts FROM oke_messages") == ("delivered", 1)
+
+
+async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_url, gate):
+    """The handler arms the gate: the next sync is the one that carries its outcome (riding on the
+    claim that finds nothing left). drain() must still be waiting while that sync is held. The
+    handler first emits a marker: the writer runs one call at a time, so once that returns the
+    sync of the handler's own claim (which may still run while the handler starts) is over."""
+    jobs = signal.once("sync.drain", retries=0)
+    marker = signal.once("sync.drain.marker", optional=True)
+    path = sqlite_store.sqlite_path(sqlite_url)
+
+    @on(jobs)
+    @flow("w.sync.drain")
+    async def handle(n: int, fx: Any) -> None:
+        await fx.emit(marker, n)
+        gate.armed = True
+
+    async with oke("t", database_url=sqlite_url) as app:
+        await app.emit(jobs, 1)
+        draining = asyncio.create_task(app.drain(concurrency=1))
+        await gate.wait_entered()
+        await asyncio.sleep(GATE_S)
+        assert _row(path, "SELECT status FROM oke_messages WHERE signal = 'sync.drain'") == ("delivered",)
+        assert not draining.done()  # not reported before it is on disk
+        gate.release.set()
+        await asyncio.wait_for(draining, 20)
+
+
+async def test_a_failed_sync_of_a_write_is_an_outage_and_the_next_write_works(sqlite_url, gate):
+    jobs = signal.once("sync.fail", optional=True)
+    path = sqlite_store.sqlite_path(sqlite_url)
+    async with oke("t", database_url=sqlite_url) as app:
+        gate.fail_next = OSError(errno.EIO, "Input/output error")
+        with pytest.raises(StoreUnavailable, match="syncing the WAL to disk failed .*Input/output error"):
+            await app.emit(jobs, {"n": 1})
+        await app.emit(jobs, {"n": 2})  # the connection was dropped and is opened again
+    # The failed emit's commit was written before its sync failed: the caller was told it may not
+    # be stored (an outage), and here, with the disk fine after all, it is.
+    assert _row(path, "SELECT count(*) FROM oke_messages")[0] == 2
+
+
+async def test_a_failed_sync_after_a_claim_is_logged_and_its_handler_still_settles(sqlite_url, gate, caplog):
+    """The claim was handed to its handler before the sync failed: nobody awaits that call any more,
+    so the failure goes to the log, and the handler's outcome is settled on a new connection."""
+    jobs = signal.once("sync.claimfail", retries=0)
+    path = sqlite_store.sqlite_path(sqlite_url)
+    ran: list[int] = []
+
+    @on(jobs)
+    @flow("w.sync.claimfail")
+    async def handle(n: int, fx: Any) -> None:
+        ran.append(n)
+
+    async with oke("t", database_url=sqlite_url) as app:
+        await app.emit(jobs, 7)
+        gate.fail_next = OSError(errno.EIO, "Input/output error")  # the claim's sync
+        with caplog.at_level(logging.ERROR, logger="engine.store.sqlite"):
+            await asyncio.wait_for(app.drain(concurrency=2), 20)
+    assert ran == [7]
+    assert any("syncing the WAL to disk failed" in r.getMessage() for r in caplog.records)
+    assert _row(path, "SELECT status, attempts FROM oke_messages") == ("delivered", 1)
