@@ -1,6 +1,8 @@
 """The ceiling on SQLite: a raw stdlib sqlite3 claim loop (shared/anchors/sqlite_raw.py, "rewritten").
 
-One connection, journal_mode=WAL, synchronous=FULL (the engine's settings), busy_timeout 5 s.
+One connection, journal_mode=WAL, synchronous=FULL, busy_timeout 5 s. Every commit is fsynced, as
+in the engine (which runs SQLite at NORMAL and fdatasyncs the WAL itself after each commit: the
+same system call SQLite's FULL makes, on the same file, once a commit).
 Loop: BEGIN IMMEDIATE; UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT batch) RETURNING; COMMIT;
 json.loads + no-op handler per row; BEGIN IMMEDIATE; mark the batch delivered; COMMIT; stop on an
 empty claim. The claim repeats the partial index's WHERE term so SQLite uses it; no ANALYZE.

@@ -1,6 +1,6 @@
 """Group commit for live tapes: concurrent emits on one tape share one append transaction.
 
-One `store.write` per emit costs one fsync on SQLite (synchronous=FULL) and one round trip on
+One `store.write` per emit costs one fsync on SQLite (every commit is synced) and one round trip on
 PostgreSQL; at a few hundred emits/s they queue behind each other and emit→receive latency grows
 to seconds. Here the first emit on a tape starts a flusher task; emits that arrive while it
 commits wait in the tape's queue, and its next transaction takes them all (up to MAX_BATCH, so one

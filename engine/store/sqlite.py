@@ -275,24 +275,23 @@ class _DbThread:
 
     def _run_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool],
                           handover: "_Handover[T]") -> None:
+        """The writer-thread side of `call_handing_over`: whatever happens, the caller is told once."""
+        handed = False
         try:
             result = fn(self._connect())
-        except BaseException as err:
-            handover.post(err)
-            return
-        handed = early(result)
-        if handed:
-            handover.post(result)
-        try:
+            handed = early(result)
+            if handed:
+                handover.post(result)
             if self.syncs_wal:
                 self._sync_wal()
-        except StoreUnavailable as err:
+        except BaseException as err:
             if not handed:
                 handover.post(err)
                 return
             # The claim stands (its handlers run, every process sees it), but it may not survive a
             # power cut; nobody awaits this call any more, so the log is where it is told.
             log.error("%s", err)
+            return
         if not handed:
             handover.post(result)
 
