@@ -235,7 +235,7 @@ class _DbThread:
             return
         try:
             if self.wal_fd is None:
-                self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
             _fdatasync(self.wal_fd)
         except OSError as err:
             self._close()
