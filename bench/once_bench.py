@@ -113,6 +113,8 @@ async def sqlite_throughput(rec, a):
             for b in (1, 8, 32):
                 await measure(rec, a, f"raw sqlite3 batch {b}", rep,
                               lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))
+                await measure(rec, a, f"raw sqlite3 batch {b}, NORMAL + fdatasync", rep,
+                              lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "NORMAL", own_sync=True))
 
 
 async def latency(rec, cluster, a):

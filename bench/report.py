@@ -100,25 +100,29 @@ def pg_section(rec, n, reps):
 
 def sqlite_section(rec, n, reps):
     eng = {c: rec.select(bench="sqlite_engine", concurrency=c) for c in CONCS}
-    raw = {c: rec.select(bench="sqlite_raw", batch=c) for c in CONCS}
-    # Both fsync every commit: raw with synchronous=FULL, the engine with NORMAL + its own fdatasync.
+    raw = {c: rec.select(bench="sqlite_raw", batch=c, synchronous="FULL") for c in CONCS}
+    # The engine runs SQLite at NORMAL and fdatasyncs the WAL after each commit itself: the raw loop
+    # is run both ways (FULL, and NORMAL + the same fdatasync), and the floor takes the faster.
+    own = {c: rec.select(bench="sqlite_raw", batch=c, own_sync=True) for c in CONCS}
+    ceiling = {c: max((med(rows) for rows in (raw[c], own[c]) if rows), default=None) for c in CONCS}
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
     L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
-         ["raw sqlite3: batch C", *[cell(raw[c]) for c in CONCS]],
-         ["ours / raw", *[ratio(med(eng[c]), med(raw[c])) for c in CONCS]],
+         ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
+         ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
+         ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],
          ["okengine mean claim | settle batch",
           *[f"{cell(eng[c], 'mean_claim_batch', '{:.1f}')} | {cell(eng[c], 'mean_settle_batch', '{:.1f}')}"
             for c in CONCS]],
-         ["process CPU µs/msg: ours | raw",
+         ["process CPU µs/msg: ours | raw FULL",
           *[f"{per_msg_us(eng[c], 'client_cpu_s')} | {per_msg_us(raw[c], 'client_cpu_s')}" for c in CONCS]],
-         ["bytes written/msg: ours | raw",
+         ["bytes written/msg: ours | raw FULL",
           *[f"{cell(eng[c], 'written_bytes_per_msg')} | {cell(raw[c], 'written_bytes_per_msg')}" for c in CONCS]]]
     out = _table(f"\n2. SQLite once throughput — {n:,} msgs, median (min–max) of {reps}", hdr, L)
     floors = []
     for c in CONCS:
-        if eng[c] and raw[c]:
-            a, b = med(eng[c]), med(raw[c])
-            floors.append((f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 (batch {c})",
+        if eng[c] and ceiling[c]:
+            a, b = med(eng[c]), ceiling[c]
+            floors.append((f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 (batch {c}, faster of the two)",
                            f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
     return out, floors
 
