@@ -15,7 +15,7 @@ import errno
 import logging
 import sqlite3
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -34,10 +34,8 @@ class SyncGate:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.fail_next: OSError | None = None
-        self.calls = 0
 
     def __call__(self, fd: int) -> None:
-        self.calls += 1
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None
             raise err
@@ -52,7 +50,7 @@ class SyncGate:
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> SyncGate:
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncGate]:
     wrapper = SyncGate(sqlite_store._fdatasync)
     monkeypatch.setattr(sqlite_store, "_fdatasync", wrapper)
     yield wrapper
