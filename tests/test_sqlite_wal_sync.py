@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import sqlite3
 import threading
 from typing import Any, Callable, Iterator
 
@@ -21,6 +20,7 @@ import pytest
 
 import engine.store.sqlite as sqlite_store
 from engine import StoreUnavailable, flow, oke, on, signal
+from workers.db import fetch, scalar
 
 GATE_S = 0.3  # how long a test holds a sync before it looks at what happened meanwhile
 
@@ -57,43 +57,33 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncGate]:
     wrapper.release.set()  # never leave a writer thread stuck behind a failed test
 
 
-def _row(path: str, sql: str, *args: Any) -> Any:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(sql, args).fetchone()
-    finally:
-        conn.close()
-
-
 async def test_an_emit_returns_only_after_its_commit_is_synced(sqlite_url, gate):
     """The commit is visible to another connection while the sync is held, yet emit has not returned."""
     jobs = signal.once("sync.emit", optional=True)
-    path = sqlite_store.sqlite_path(sqlite_url)
     async with oke("t", database_url=sqlite_url) as app:
         gate.armed = True
         emitting = asyncio.create_task(app.emit(jobs, {"n": 1}))
         await gate.wait_entered()
         await asyncio.sleep(GATE_S)
-        assert _row(path, "SELECT count(*) FROM oke_messages")[0] == 1  # committed, written
+        assert await scalar(sqlite_url, "SELECT count(*) FROM oke_messages") == 1  # committed, written
         assert not emitting.done()  # but not reported until it is on disk
         gate.release.set()
         await asyncio.wait_for(emitting, 10)
-    assert _row(path, "PRAGMA journal_mode")[0] == "wal"
+    assert await scalar(sqlite_url, "PRAGMA journal_mode") == "wal"
 
 
 async def test_a_claims_handlers_start_while_its_sync_runs(sqlite_url, gate):
     """With the sync after a claim held, its handler still starts, and at that moment another
     connection already sees the claim (inflight, attempt 1, this worker's lease)."""
     jobs = signal.once("sync.claim", retries=0)
-    path = sqlite_store.sqlite_path(sqlite_url)
     seen: list[Any] = []
     started = asyncio.Event()
 
     @on(jobs)
     @flow("w.sync.claim")
     async def handle(n: int, fx: Any) -> None:
-        seen.append(_row(path, "SELECT status, attempts, locked_by IS NOT NULL FROM oke_messages WHERE id = ?",
-                         fx.message_id))
+        seen.extend(await fetch(sqlite_url, "SELECT status, attempts, locked_by IS NOT NULL FROM oke_messages "
+                                "WHERE id = $1", fx.message_id))
         started.set()
 
     async with oke("t", database_url=sqlite_url) as app:
@@ -106,7 +96,7 @@ async def test_a_claims_handlers_start_while_its_sync_runs(sqlite_url, gate):
         gate.release.set()
         await asyncio.wait_for(draining, 20)
     assert seen == [("inflight", 1, 1)]
-    assert _row(path, "SELECT status, attempts FROM oke_messages") == ("delivered", 1)
+    assert await fetch(sqlite_url, "SELECT status, attempts FROM oke_messages") == [("delivered", 1)]
 
 
 async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_url, gate):
@@ -116,7 +106,6 @@ async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_ur
     sync of the handler's own claim (which may still run while the handler starts) is over."""
     jobs = signal.once("sync.drain", retries=0)
     marker = signal.once("sync.drain.marker", optional=True)
-    path = sqlite_store.sqlite_path(sqlite_url)
 
     @on(jobs)
     @flow("w.sync.drain")
@@ -129,7 +118,7 @@ async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_ur
         draining = asyncio.create_task(app.drain(concurrency=1))
         await gate.wait_entered()
         await asyncio.sleep(GATE_S)
-        assert _row(path, "SELECT status FROM oke_messages WHERE signal = 'sync.drain'") == ("delivered",)
+        assert await fetch(sqlite_url, "SELECT status FROM oke_messages WHERE signal = 'sync.drain'") == [("delivered",)]
         assert not draining.done()  # not reported before it is on disk
         gate.release.set()
         await asyncio.wait_for(draining, 20)
@@ -137,7 +126,6 @@ async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_ur
 
 async def test_a_failed_sync_of_a_write_is_an_outage_and_the_next_write_works(sqlite_url, gate):
     jobs = signal.once("sync.fail", optional=True)
-    path = sqlite_store.sqlite_path(sqlite_url)
     async with oke("t", database_url=sqlite_url) as app:
         gate.fail_next = OSError(errno.EIO, "Input/output error")
         with pytest.raises(StoreUnavailable, match="syncing the WAL to disk failed .*Input/output error"):
@@ -145,14 +133,13 @@ async def test_a_failed_sync_of_a_write_is_an_outage_and_the_next_write_works(sq
         await app.emit(jobs, {"n": 2})  # the connection was dropped and is opened again
     # The failed emit's commit was written before its sync failed: the caller was told it may not
     # be stored (an outage), and here, with the disk fine after all, it is.
-    assert _row(path, "SELECT count(*) FROM oke_messages")[0] == 2
+    assert await scalar(sqlite_url, "SELECT count(*) FROM oke_messages") == 2
 
 
 async def test_a_failed_sync_after_a_claim_is_logged_and_its_handler_still_settles(sqlite_url, gate, caplog):
     """The claim was handed to its handler before the sync failed: nobody awaits that call any more,
     so the failure goes to the log, and the handler's outcome is settled on a new connection."""
     jobs = signal.once("sync.claimfail", retries=0)
-    path = sqlite_store.sqlite_path(sqlite_url)
     ran: list[int] = []
 
     @on(jobs)
@@ -167,4 +154,4 @@ async def test_a_failed_sync_after_a_claim_is_logged_and_its_handler_still_settl
             await asyncio.wait_for(app.drain(concurrency=2), 20)
     assert ran == [7]
     assert any("syncing the WAL to disk failed" in r.getMessage() for r in caplog.records)
-    assert _row(path, "SELECT status, attempts FROM oke_messages") == ("delivered", 1)
+    assert await fetch(sqlite_url, "SELECT status, attempts FROM oke_messages") == [("delivered", 1)]
