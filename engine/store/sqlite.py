@@ -242,8 +242,12 @@ class _DbThread:
             raise StoreUnavailable(f"SQLite store {self.path}: syncing the WAL to disk failed ({err}); "
                                    "the last commit may not survive a power cut") from err
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...],
+             written: Callable[[T], None] | None = None) -> T:
+        """One call on this thread: `fn`, then (`written`, between its commit and the sync) the sync."""
         result = fn(self._connect(), *args)
+        if written is not None:
+            written(result)
         if self.syncs_wal:
             self._sync_wal()
         return result
@@ -277,13 +281,15 @@ class _DbThread:
                           handover: "_Handover[T]") -> None:
         """The writer-thread side of `call_handing_over`: whatever happens, the caller is told once."""
         handed = False
-        try:
-            result = fn(self._connect())
+
+        def hand_over(result: T) -> None:
+            nonlocal handed
             handed = early(result)
             if handed:
                 handover.post(result)
-            if self.syncs_wal:
-                self._sync_wal()
+
+        try:
+            result = self._run(fn, (), hand_over)
         except BaseException as err:
             if not handed:
                 handover.post(err)
