@@ -2,11 +2,12 @@
 
 Each script in examples/ runs in a fresh directory on SQLite and on PostgreSQL (OKE_DATABASE_URL)
 and must print what the guide says it prints; examples/shop.py is served with the real
-`okconsole serve` and answers an order over HTTP and its events over SSE. The guide's inline
-Python blocks must at least compile, and every file it embeds must exist.
+`okconsole serve` and answers an order over HTTP and its events over SSE. The docs' inline
+Python blocks must at least compile (top-level `await` allowed), and every file it embeds must exist.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -107,6 +108,6 @@ def _python_blocks(page: Path) -> list[str]:
 def test_docs_python_blocks_compile_and_embedded_files_exist(page: str):
     path = DOCS / page
     for block in _python_blocks(path):
-        compile(block, f"{page} (python block)", "exec")
+        compile(block, f"{page} (python block)", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     for embedded in re.findall(r'--8<-- "([^"]+)"', path.read_text(encoding="utf-8")):
         assert (ROOT / embedded).is_file(), embedded
