@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,27 @@ def test_docs_python_blocks_compile_and_embedded_files_exist(page: str):
         compile(block, f"{page} (python block)", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     for embedded in re.findall(r'--8<-- "([^"]+)"', path.read_text(encoding="utf-8")):
         assert (ROOT / embedded).is_file(), embedded
+
+
+def test_docs_build_strictly_and_a_broken_link_fails_it(tmp_path: Path):
+    """The docs extra's strict build (as .ci/run runs it) passes, and fails on a dead link."""
+    pytest.importorskip("mkdocs", reason="pip install -e '.[docs]' to build the docs")
+
+    def build(config: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
+                               "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+
+    built = build(ROOT / "mkdocs.yml")
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "site" / "reference" / "index.html").is_file()
+    broken_docs = tmp_path / "docs"
+    shutil.copytree(DOCS, broken_docs)
+    with open(broken_docs / "index.md", "a", encoding="utf-8") as page:
+        page.write("\n[gone](no-such-page.md)\n")
+    config = tmp_path / "mkdocs.yml"
+    config.write_text((ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+                      .replace("docs_dir: docs", f"docs_dir: {broken_docs}"), encoding="utf-8")
+    failed = build(config)
+    assert failed.returncode != 0
+    assert "no-such-page.md" in failed.stderr
