@@ -136,3 +136,13 @@ def test_docs_build_strictly_and_a_broken_link_fails_it(tmp_path: Path):
     failed = build(config)
     assert failed.returncode != 0
     assert "no-such-page.md" in failed.stderr
+
+
+@pytest.mark.parametrize("page", ["README.md", "CONTRIBUTING.md"])
+def test_top_level_pages_link_only_to_files_in_the_repository(page: str):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    assert "../shared" not in text and "/work/shared" not in text
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        assert (ROOT / target).exists(), f"{page} links to {target}, which is not in the repository"
