@@ -183,6 +183,8 @@ async def test_param_values_go_into_the_path_as_the_server_compares_them(db_url)
         assert event.data["n"] == 0
         with pytest.raises(ValueError, match=r"has no exposure whose path params fit \['qty'\]"):
             await anext(api.stream(status, {"qty": 2}))
+        with pytest.raises(ValueError, match=r"a param value JSON cannot write"):
+            await anext(api.stream(status, {"urgent": object(), "qty": 2, "note": "x"}))
         with pytest.raises(ValueError, match=r"needs the params qty, note"):
             await anext(api.stream(status, {"urgent": True}, via="/flags/:urgent/:qty/:note/events"))
 

@@ -187,6 +187,18 @@ async def test_one_custom_flow_on_two_paths_is_OKE1050(db_url):
     assert err.code == 1050 and str(err).startswith(_OKE1050("public", "custom:orders.vip"))
 
 
+async def test_an_unnamed_custom_flow_is_its_own_match(db_url):
+    status = signal.live("order-status")
+    first = flow(do=lambda _in, fx: fx.live(status))
+    on(http.get("/a").public().live(status), first)
+    on(http.get("/b").public().live(status), flow(do=lambda _in, fx: fx.live(status)))  # another flow: boots
+    async with oke("shop", database_url=db_url):
+        pass
+    on(http.get("/c").public().live(status), first)  # the first flow object on a second path
+    err = await boot_error(db_url)
+    assert err.code == 1050 and str(err).startswith(_OKE1050("public", "custom:(unnamed)"))
+
+
 async def test_exposures_differing_in_gates_or_match_boot(db_url):
     status = signal.live("order-status")
     m, a = gates()
