@@ -1,8 +1,9 @@
 """The Python client for live tapes: `stream()` and `live()` with resume and back-off.
 
 It asks the server which exposures a signal has (`/_oke/exposures`), picks the
-one whose path params are the largest subset of the input (a tie needs `via`),
-and follows it: reconnects send `Last-Event-ID` from the last id received (an
+auto-match one whose path params are the largest subset of the input (a tie
+needs `via`; a custom flow's exposure is used only when `via` names its flow or
+path), and follows it: reconnects send `Last-Event-ID` from the last id received (an
 id-only heartbeat frame counts), a 410 raises `LiveResumeGap` — or, with
 `auto_resubscribe`, drops the cursor and replays the remaining tape after a
 back-off of 500 ms doubling to 30 s.
@@ -15,12 +16,12 @@ import random
 import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
-from urllib.parse import quote
 
 import httpx
 from httpx_sse import aconnect_sse
 
 from .errors import OkeError
+from .http.routes import fill_path
 from .signals import Signal
 
 BACKOFF_MIN_S = 0.5
@@ -91,24 +92,14 @@ class Client:
                        via: str | None) -> str:
         """The URL path of the exposure to follow (SPEC §8 choice rule)."""
         exposures = [e for e in await self.exposures(client) if e["signal"] == signal]
-        if via is not None:
-            chosen = [e for e in exposures if e["path"] == via]
-            if not chosen:
-                raise ValueError(f'via="{via}": "{signal}" is not exposed at that path '
-                                 f"(exposed at: {', '.join(e['path'] for e in exposures) or 'nowhere'})")
-        else:
-            fitting = [e for e in exposures if set(e["params"]) <= set(params)]
-            if not fitting:
-                raise ValueError(f'"{signal}" has no exposure whose path params fit {sorted(params)}')
-            best = max(len(e["params"]) for e in fitting)
-            chosen = [e for e in fitting if len(e["params"]) == best]
-            if len(chosen) > 1:
-                raise ValueError(f'"{signal}" has {len(chosen)} exposures that fit equally well '
-                                 f"({', '.join(e['path'] for e in chosen)}): pass via=PATH")
-        path = chosen[0]["path"]
-        for name in chosen[0]["params"]:
-            path = path.replace(f":{name}", quote(str(params[name]), safe=""))
-        return path
+        chosen = _named(exposures, signal, via) if via is not None else _best_fit(exposures, signal, params)
+        missing = [name for name in chosen["params"] if name not in params]
+        if missing:
+            raise ValueError(f'"{signal}" at {chosen["path"]} needs the params {", ".join(missing)}')
+        try:
+            return fill_path(chosen["path"], params)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f'"{signal}" at {chosen["path"]}: a param value JSON cannot write ({err})') from err
 
     async def stream(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
                      last_event_id: str | None = None, via: str | None = None,
@@ -215,6 +206,32 @@ class Client:
             thread.join(timeout=5)
 
         return stop
+
+
+def _named(exposures: list[dict[str, Any]], signal: str, via: str) -> dict[str, Any]:
+    """The exposure `via` names: by the exposing flow's name or by its path."""
+    for exposure in exposures:
+        if via in (exposure["path"], exposure.get("flow")):
+            return exposure
+    names = [e["path"] + (f' (flow "{e["flow"]}")' if e.get("flow") else "") for e in exposures]
+    raise ValueError(f'via="{via}": no exposure of "{signal}" has that flow name or path '
+                     f"(exposed at: {', '.join(names) or 'nowhere'})")
+
+
+def _best_fit(exposures: list[dict[str, Any]], signal: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Among the auto-match exposures (custom flows never compete), the one whose path params are
+    the largest subset of the input; the firehose is the empty set. A tie needs `via`."""
+    fitting = [e for e in exposures if not e["custom"] and set(e["params"]) <= set(params)]
+    if not fitting:
+        custom = [e.get("flow") or e["path"] for e in exposures if e["custom"]]
+        hint = f" (custom flows, chosen only by via: {', '.join(custom)})" if custom else ""
+        raise ValueError(f'"{signal}" has no exposure whose path params fit {sorted(params)}{hint}')
+    best = max(len(set(e["params"])) for e in fitting)
+    chosen = [e for e in fitting if len(set(e["params"])) == best]
+    if len(chosen) > 1:
+        raise ValueError(f'"{signal}" has {len(chosen)} exposures that fit equally well '
+                         f"({', '.join(e['path'] for e in chosen)}): pass via=PATH")
+    return chosen[0]
 
 
 def _raise_for_error(response: httpx.Response, cursor: str) -> None:

@@ -27,11 +27,11 @@ class LiveBody:
 class Fx:
     """What a flow may do while it runs. One Fx per attempt (a run)."""
 
-    __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal")
+    __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal", "exposes")
 
     def __init__(self, app: "OkeApp | None", flow: Flow, *, run_id: str | None = None,
                  parent_run_id: str | None = None, attempt: int = 1, message_id: str | None = None,
-                 signal: str | None = None) -> None:
+                 signal: str | None = None, exposes: str | None = None) -> None:
         self._app = app
         self.flow = flow
         self.run_id = run_id or new_id("run_")
@@ -39,6 +39,7 @@ class Fx:
         self.attempt = attempt
         self.message_id = message_id
         self.signal = signal
+        self.exposes = exposes  # the live signal of the route this run serves, if any
 
     def id(self) -> str:
         """A new unique, time-ordered id."""
@@ -57,10 +58,15 @@ class Fx:
             raise OkeError.of(1001, flow=self.flow.name or "(unnamed)", name=name)
 
     def live(self, signal: Signal, *, match: Callable[[Any], bool] | None = None) -> LiveBody:
-        """The SSE body of a live tape inside a custom GET flow (needs `signal:<name>` in reads)."""
+        """The SSE body of a live tape inside a custom GET flow.
+
+        The signal the route itself exposes needs no declared read (the exposure is the
+        declaration); any other needs `signal:<name>` in reads (OKE1001).
+        """
         if not isinstance(signal, Signal) or signal.kind != "live":
             raise TypeError(f"fx.live(): expected a signal.live(...) handle, got {signal!r}")
-        self.require_read(signal.name)
+        if signal.name != self.exposes:
+            self.require_read(signal.name)
         if match is not None and not callable(match):
             raise TypeError("fx.live(match=...): match must be callable")
         return LiveBody(signal, match)

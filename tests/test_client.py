@@ -16,7 +16,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from engine import OkeError, Unauthorized, gate, http, oke, on, signal
+from engine import OkeError, Unauthorized, flow, gate, http, oke, on, signal
 from engine.client import Client, ClientError, LiveEvent, LiveResumeGap
 from livekit import free_port, serving
 
@@ -104,7 +104,8 @@ async def test_a_tie_between_exposures_needs_via(db_url):
         api = Client(base, token="s3cret")
         with pytest.raises(ValueError, match=r"fit equally well .*pass via=PATH"):
             await anext(api.stream(status))
-        with pytest.raises(ValueError, match=r'via="/nope": "order-status" is not exposed at that path'):
+        with pytest.raises(ValueError, match=r'via="/nope": no exposure of "order-status" has that flow name '
+                                             r"or path \(exposed at: /_oke/live/order-status, "):
             await anext(api.stream(status, via="/nope"))
         public = Client(base)  # no token: the public exposure serves it
         agen = public.stream(status, via="/feed")
@@ -123,6 +124,69 @@ async def test_a_tie_between_exposures_needs_via(db_url):
             assert (await asyncio.wait_for(anext(agen), 10)).id == first
         finally:
             await agen.aclose()
+
+
+def declare_spec_example():
+    """SPEC §7's example set: the member firehose, the member `:orderId` route, the public vip flow."""
+    status = declare()
+    on(http.get("/orders/vip/events").public().live(status),
+       flow("orders.vip", do=lambda _in, fx: fx.live(status, match=lambda p: p["status"] == "shipped")))
+    return status
+
+
+async def first_of(agen, timeout: float = 10.0) -> LiveEvent:
+    try:
+        return await asyncio.wait_for(anext(agen), timeout)
+    finally:
+        await agen.aclose()
+
+
+async def test_a_custom_flow_never_competes_and_via_names_it_by_flow_or_path(db_url):
+    status = declare_spec_example()
+    async with oke("shop", database_url=db_url) as app, serving(app) as base:
+        paid = await app.emit(status, {"orderId": "a", "status": "paid"})
+        shipped = await app.emit(status, {"orderId": "b", "status": "shipped"})
+        api = Client(base, token="s3cret")
+        # no params: only the firehose is an empty set among the auto-match exposures
+        assert await first_of(api.stream(status, {})) == LiveEvent(paid, {"orderId": "a", "status": "paid"})
+        assert SEEN == [None]  # the member gate saw it: the firehose, not the public vip flow
+        # orderId "b": the :orderId exposure is the largest subset
+        assert (await first_of(api.stream(status, {"orderId": "b"}))).id == shipped
+        # the custom flow only when named, by its flow name or by its path; public, so no token
+        public = Client(base)
+        for via in ("orders.vip", "/orders/vip/events"):
+            assert await first_of(public.stream(status, via=via)) == LiveEvent(
+                shipped, {"orderId": "b", "status": "shipped"}), via
+        with pytest.raises(ValueError, match=r'via="orders.nope": .*\(flow "orders.vip"\)'):
+            await anext(api.stream(status, via="orders.nope"))
+        assert len(SEEN) == 2  # neither public stream nor the refused via reached the member gate
+
+
+async def test_param_values_go_into_the_path_as_the_server_compares_them(db_url):
+    status = signal.live("order-status")
+    member = gate("member", bearer)
+    on(http.get("/flags/:urgent/:qty/:note/events").gate(member).live(status))
+    async with oke("shop", database_url=db_url) as app, serving(app) as base:
+        await app.emit(status, {"urgent": False, "qty": 2, "note": "a/b c?", "n": 0})
+        await app.emit(status, {"urgent": True, "qty": 1.5, "note": "a/b c?", "n": 1})
+        await app.emit(status, {"urgent": True, "qty": 2, "note": "ü%", "n": 2})
+        await app.emit(status, {"urgent": True, "qty": 2, "note": "a/b c?", "n": 3})
+        api = Client(base, token="s3cret")
+        async with httpx.AsyncClient() as c:
+            path = await api.path_for(c, "order-status", {"urgent": True, "qty": 2, "note": "a/b c?"}, None)
+        assert path == "/flags/true/2/a%2Fb%20c%3F/events"
+        event = await first_of(api.stream(status, {"urgent": True, "qty": 2, "note": "a/b c?"}))
+        assert event.data["n"] == 3
+        event = await first_of(api.stream(status, {"urgent": True, "qty": 1.5, "note": "a/b c?"}))
+        assert event.data["n"] == 1
+        event = await first_of(api.stream(status, {"urgent": False, "qty": 2, "note": "a/b c?"}))
+        assert event.data["n"] == 0
+        with pytest.raises(ValueError, match=r"has no exposure whose path params fit \['qty'\]"):
+            await anext(api.stream(status, {"qty": 2}))
+        with pytest.raises(ValueError, match=r"a param value JSON cannot write"):
+            await anext(api.stream(status, {"urgent": object(), "qty": 2, "note": "x"}))
+        with pytest.raises(ValueError, match=r"needs the params qty, note"):
+            await anext(api.stream(status, {"urgent": True}, via="/flags/:urgent/:qty/:note/events"))
 
 
 async def test_reconnect_resumes_from_the_last_id_received_including_heartbeats(db_url):

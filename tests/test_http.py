@@ -109,33 +109,116 @@ async def test_same_path_with_other_methods_boots(db_url):
         assert response.status_code == 405
 
 
-async def test_two_firehoses_with_the_same_gates_is_OKE1050(db_url):
-    status = signal.live("order-status")
-    m, _ = gates()
-    on(http.live(status).gate(m))
-    on(http.live(status).gate(m))
+async def boot_error(db_url) -> OkeError:
+    """The OkeError the app's boot raises for the routes bound so far."""
     with pytest.raises(OkeError) as caught:
         async with oke("shop", database_url=db_url):
             pass
-    assert caught.value.code == 1050
-    assert str(caught.value).startswith('OKE1050: Live signal "order-status" is exposed twice with the same '
-                                        'gates (member) and match (none).')
+    return caught.value
 
 
-async def test_two_firehoses_with_other_gates_boot_and_either_gate_admits(db_url):
+async def test_two_identical_firehoses_are_OKE1041_checked_before_OKE1050(db_url):
+    status = signal.live("order-status")
+    m, _ = gates()
+    on(http.live(status).gate(m))
+    on(http.live(status).gate(m))  # also the same (signal, gates, match): OKE1041 is checked first
+    err = await boot_error(db_url)
+    assert err.code == 1041
+    assert str(err).startswith('OKE1041: GET /_oke/live/order-status is bound twice (flow "(exposure)").')
+
+
+async def test_two_firehoses_with_other_gates_are_OKE1041_one_url(db_url):
     status = signal.live("order-status")
     m, a = gates()
     on(http.live(status).gate(m))
-    on(http.live(status).gate(a))
+    on(http.live(status).gate(a))  # http.live(s) always resolves to /_oke/live/order-status
+    err = await boot_error(db_url)
+    assert err.code == 1041
+    assert str(err).startswith('OKE1041: GET /_oke/live/order-status is bound twice')
+
+
+async def test_a_second_firehose_with_other_gates_on_its_own_path_boots(db_url):
+    status = signal.live("order-status")
+    m, a = gates()
+    on(http.live(status).gate(m))
+    on(http.get("/admin/feed").gate(a).live(status))
     async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
         await app.emit(status, {"n": 1})
-        for headers in (AUTH, {"X-Role": "admin"}):
-            async with sse(c, f"{base}/_oke/live/order-status", headers) as s:
+        for url, headers in ((f"{base}/_oke/live/order-status", AUTH), (f"{base}/admin/feed", {"X-Role": "admin"})):
+            async with sse(c, url, headers) as s:
                 assert s.response.status_code == 200
                 assert [f.value for f in await s.events(1)] == [{"n": 1}]
-        response = await c.get(f"{base}/_oke/live/order-status")
-        assert response.status_code == 401  # the first exposure's refusal
-        assert response.json() == envelope("Unauthorized", "missing or wrong token")
+        # each path admits its own gate only (no more "the first whose gates pass serves")
+        response = await c.get(f"{base}/_oke/live/order-status", headers={"X-Role": "admin"})
+        assert (response.status_code, response.json()) == (401, envelope("Unauthorized", "missing or wrong token"))
+        response = await c.get(f"{base}/admin/feed", headers=AUTH)
+        assert (response.status_code, response.json()) == (403, envelope("Forbidden", "admins only"))
+
+
+def _OKE1050(gates_text: str, match: str) -> str:
+    return (f'OKE1050: Live signal "order-status" is exposed twice with the same gates ({gates_text}) '
+            f"and match ({match}).")
+
+
+async def test_two_member_firehoses_on_different_paths_are_OKE1050(db_url):
+    status = signal.live("order-status")
+    m, _ = gates()
+    on(http.live(status).gate(m))
+    on(http.get("/feed").gate(m).live(status))
+    err = await boot_error(db_url)
+    assert err.code == 1050 and str(err).startswith(_OKE1050("member", "(firehose)"))
+
+
+async def test_the_same_params_and_gates_on_two_paths_are_OKE1050(db_url):
+    status = signal.live("order-status")
+    m, a = gates()
+    on(http.get("/orders/:orderId/:shop/events").gate(m, a).live(status))
+    on(http.get("/shops/:shop/orders/:orderId").gate(a, m).live(status))  # gate order does not matter
+    err = await boot_error(db_url)
+    assert err.code == 1050 and str(err).startswith(_OKE1050("admin, member", "orderId, shop"))
+
+
+async def test_one_custom_flow_on_two_paths_is_OKE1050(db_url):
+    status = signal.live("order-status")
+    vip = flow("orders.vip", do=lambda _in, fx: fx.live(status, match=lambda p: p["status"] == "shipped"))
+    on(http.get("/orders/vip/events").public().live(status), vip)
+    on(http.get("/vip").public().live(status), vip)
+    err = await boot_error(db_url)
+    assert err.code == 1050 and str(err).startswith(_OKE1050("public", "custom:orders.vip"))
+
+
+async def test_an_unnamed_custom_flow_is_its_own_match(db_url):
+    status = signal.live("order-status")
+    first = flow(do=lambda _in, fx: fx.live(status))
+    on(http.get("/a").public().live(status), first)
+    on(http.get("/b").public().live(status), flow(do=lambda _in, fx: fx.live(status)))  # another flow: boots
+    async with oke("shop", database_url=db_url):
+        pass
+    on(http.get("/c").public().live(status), first)  # the first flow object on a second path
+    err = await boot_error(db_url)
+    assert err.code == 1050 and str(err).startswith(_OKE1050("public", "custom:(unnamed)"))
+
+
+async def test_exposures_differing_in_gates_or_match_boot(db_url):
+    status = signal.live("order-status")
+    m, a = gates()
+    on(http.live(status).gate(m))
+    on(http.get("/admin/feed").gate(a).live(status))  # other gates
+    on(http.get("/orders/:orderId/events").gate(m).live(status))  # other match
+    on(http.get("/orders/vip/events").gate(m).live(status),
+       flow("orders.vip", do=lambda _in, fx: fx.live(status)))  # custom:orders.vip
+    on(http.get("/orders/late/events").gate(m).live(status),
+       flow("orders.late", do=lambda _in, fx: fx.live(status)))  # custom:orders.late
+    async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
+        exposures = (await c.get(f"{base}/_oke/exposures")).json()["data"]
+    # the exposures list tells a client each one's match and, for a custom one, its flow
+    assert sorted((e["path"], e["match"], e["custom"], e["flow"]) for e in exposures) == [
+        ("/_oke/live/order-status", "(firehose)", False, None),
+        ("/admin/feed", "(firehose)", False, None),
+        ("/orders/:orderId/events", "orderId", False, None),
+        ("/orders/late/events", "custom:orders.late", True, "orders.late"),
+        ("/orders/vip/events", "custom:orders.vip", True, "orders.vip"),
+    ]
 
 
 def test_live_on_a_non_get_route_is_a_type_error():
@@ -219,17 +302,30 @@ async def test_custom_match_flow_streams_only_what_it_matches(db_url):
             assert [f.value for f in await s.events(1)] == [{"orderId": "o1", "status": "shipped"}]
 
 
-async def test_custom_live_flow_without_the_read_is_OKE1001(db_url):
+async def test_fx_live_on_the_routes_own_signal_needs_no_declared_read(db_url):
     status = signal.live("order-status")
     on(http.get("/feed").public().live(status),
-       flow("feeds.all", do=lambda _in, fx: fx.live(status)))  # no effects.reads
+       flow("feeds.shipped", do=lambda _in, fx: fx.live(status, match=lambda p: p["status"] == "shipped")))
+    async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
+        await app.emit(status, {"n": 1, "status": "paid"})
+        await app.emit(status, {"n": 2, "status": "shipped"})
+        async with sse(c, f"{base}/feed") as s:
+            assert s.response.status_code == 200
+            assert [f.value for f in await s.events(1)] == [{"n": 2, "status": "shipped"}]
+
+
+async def test_fx_live_of_another_signal_without_the_read_is_OKE1001(db_url):
+    status = signal.live("order-status")
+    audit = signal.live("audit")
+    on(http.get("/feed").public().live(status),
+       flow("feeds.all", do=lambda _in, fx: fx.live(audit)))  # not the exposed signal, no effects.reads
     async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
         await app.emit(status, {"n": 1})
         response = await c.get(f"{base}/feed")
         assert response.status_code == 500
         error = response.json()["error"]
         assert error["code"] == "OKE1001" and error["oke"] == 1001
-        assert error["message"].startswith('OKE1001: Flow "feeds.all" reads "signal:order-status" '
+        assert error["message"].startswith('OKE1001: Flow "feeds.all" reads "signal:audit" '
                                            "without declaring it.")
 
 
@@ -281,6 +377,73 @@ async def test_plain_flow_routes_validate_input_and_return_json(db_url):
         assert response.status_code == 400 and response.json()["error"]["code"] == "BadRequest"
         response = await c.post(f"{base}/orders", json={"sku": "tea", "qty": 1})
         assert response.status_code == 401  # the gate runs before the input is read
+
+
+class Declined(Exception):
+    code = "E_DECLINED"
+
+
+async def test_a_get_flow_may_return_engine_records_sent_as_their_json_fields(db_url):
+    """The seeds' dead-letter inspection route: a GET flow returning `await fx.dead_letters(sig)`."""
+    jobs = signal.once("tasks.email", retries=1)
+    _m, a = gates()
+
+    @on(jobs)
+    @flow("w.email")
+    async def send(payload, fx):
+        raise Declined(f"no {payload['n']}")
+
+    @on(http.get("/admin/dead").gate(a))
+    @flow("admin.dead", effects={"reads": ["signal:tasks.email"]})
+    async def dead(_in, fx):
+        return await fx.dead_letters(jobs)
+
+    @on(http.get("/admin/dead/newest").gate(a))
+    @flow("admin.newest", effects={"reads": ["signal:tasks.email"]})
+    async def newest(_in, fx):
+        letters = await fx.dead_letters(jobs)
+        return {"newest": letters[0], "all": tuple(letters), "count": len(letters)}  # records at any depth
+
+    @on(http.get("/admin/bad").gate(a))
+    @flow("admin.bad")
+    async def bad(_in, fx):
+        return {"when": object()}
+
+    async with oke("shop", database_url=db_url) as app:
+        first = await app.emit(jobs, {"n": 1}, key="usr_1")
+        second = await app.emit(jobs, {"n": 2})
+        await app.drain()  # before serving: the server's own workers would hold them instead
+        async with serving(app) as base, httpx.AsyncClient() as c:
+            await inspect_dead_letters(base, c, first, second)
+
+
+async def inspect_dead_letters(base: str, c: httpx.AsyncClient, first: str, second: str) -> None:
+    """What the inspection routes answer for the two dead letters `first` and `second`."""
+    response = await c.get(f"{base}/admin/dead", headers={"X-Role": "admin"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["error"] is None
+    assert [d["id"] for d in body["data"]] == [second, first]  # newest first
+    letter = body["data"][1]
+    assert sorted(letter) == ["attempts", "created_at", "failures", "id", "key", "parent_run_id",
+                              "payload", "signal", "status"]
+    assert (letter["signal"], letter["key"], letter["payload"], letter["attempts"], letter["status"],
+            letter["parent_run_id"]) == ("tasks.email", "usr_1", {"n": 1}, 2, "dead", None)
+    assert isinstance(letter["created_at"], int)
+    assert [(f["code"], f["message"], f["attempt"]) for f in letter["failures"]] == [
+        ("E_DECLINED", "no 1", 1), ("E_DECLINED", "no 1", 2)]
+    assert all(sorted(f) == ["at", "attempt", "code", "message"] and isinstance(f["at"], int)
+               for f in letter["failures"])
+
+    response = await c.get(f"{base}/admin/dead/newest", headers={"X-Role": "admin"})
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert data["count"] == 2 and data["newest"] == body["data"][0] and data["all"] == body["data"]
+
+    response = await c.get(f"{base}/admin/bad", headers={"X-Role": "admin"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "InternalError" and "JSON cannot carry" in error["message"]
 
 
 async def test_gates_cannot_be_bypassed_by_path_tricks(db_url):

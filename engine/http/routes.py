@@ -5,6 +5,7 @@ routes. `on(route)` binds a live exposure; `on(route, flow)` binds a flow.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -93,6 +94,19 @@ class Route:
         return f"{self.method} {self.path}"
 
 
+def param_text(value: Any) -> str:
+    """How a value compares with a path param's text, on the server and in the client: a string
+    as it is, anything else as JSON writes it (`true`/`false`, `7`, `1.5`, `null`)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def fill_path(path: str, params: dict[str, Any]) -> str:
+    """`path` with each `:name` replaced by its value's text, percent-encoded (one segment each)."""
+    return _PARAM.sub(lambda m: quote(param_text(params[m.group(1)]), safe=""), path)
+
+
 def live_path(signal_name: str) -> str:
     """`/_oke/live/` and the name percent-encoded; "." and ".." as %2E (a bare dot segment is
     normalised away by every client, so it could never be asked for)."""
@@ -155,24 +169,43 @@ def _bind_route(trigger: Any, bound: Flow | Callable[..., Any] | None) -> Any:
 register_route_binder(_bind_route)
 
 
+def exposure_match(binding: Binding) -> str:
+    """The match part of a live exposure's identity (SPEC §7): `custom:<flow>` for a custom flow,
+    else the sorted path-param names joined by ", ", or `(firehose)` without params."""
+    route: Route = binding.trigger
+    if binding.flow.do is not None:
+        return f"custom:{binding.flow.name or '(unnamed)'}"
+    return ", ".join(sorted(set(route.params))) or "(firehose)"
+
+
+def _gates_text(route: Route) -> str:
+    names = {g.name for g in route.gates} | ({"public"} if route.is_public else set())
+    return ", ".join(sorted(names))
+
+
 def check_routes(bindings: list[Binding]) -> None:
-    """Boot checks: every route gated or public, OKE1050, OKE1041."""
-    seen_exposures: dict[tuple[Any, ...], Binding] = {}
-    seen_paths: dict[tuple[str, str], Binding] = {}
+    """Boot checks: every route gated or public, then OKE1041 (a method and path bound twice),
+    then OKE1050 (two live exposures of a signal with the same gates and match, on any paths)."""
     for b in bindings:
         route: Route = b.trigger
         if not route.gates and not route.is_public:
             raise ValueError(f"{route.describe()}: every HTTP route needs .gate(...) or .public()")
-        if route.live_signal is not None and b.flow.do is None:
-            gates = ", ".join(sorted(g.name for g in route.gates)) or "public"
-            match = ", ".join(route.params) or "none"
-            ident = (route.live_signal.name, route.path, gates, route.is_public)
-            if ident in seen_exposures:
-                raise OkeError.of(1050, signal=route.live_signal.name, gates=gates, match=match)
-            seen_exposures[ident] = b
-            if route.firehose:
-                continue  # firehoses with other gates share the path; the first whose gates pass serves
+    seen_paths: set[tuple[str, str]] = set()
+    for b in bindings:
+        route = b.trigger
         key = (route.method, route.path)
         if key in seen_paths:
             raise OkeError.of(1041, method=route.method, path=route.path, flow=b.flow.name or "(exposure)")
-        seen_paths[key] = b
+        seen_paths.add(key)
+    seen_exposures: set[tuple[Any, ...]] = set()
+    for b in bindings:
+        route = b.trigger
+        if route.live_signal is None:
+            continue
+        gates, match = _gates_text(route), exposure_match(b)
+        # an unnamed custom flow is one flow object, however many paths it is bound on
+        flow_identity = b.flow if b.flow.do is not None and b.flow.name is None else None
+        ident = (route.live_signal.name, gates, route.is_public, match, flow_identity)
+        if ident in seen_exposures:
+            raise OkeError.of(1050, signal=route.live_signal.name, gates=gates, match=match)
+        seen_exposures.add(ident)

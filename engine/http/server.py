@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import re
@@ -18,8 +19,9 @@ from ..bus.hub import HubRegistry
 from ..errors import OkeError, StoreUnavailable
 from ..flows import Binding
 from ..fx import Fx, LiveBody
+from ..ops.records import to_json
 from ..store.outage import describe, is_outage
-from .routes import HttpError, Route, check_routes
+from .routes import HttpError, Route, check_routes, exposure_match
 from .sse import HEARTBEAT_S, REPLAY_BATCH, StreamControl, live_stream, param_match
 
 if TYPE_CHECKING:
@@ -121,12 +123,12 @@ class HttpServer:
     def __init__(self, app: "OkeApp", bindings: list[Binding]) -> None:
         check_routes(bindings)
         self.app = app
-        self.firehoses: dict[str, list[Binding]] = {}
+        self.firehoses: dict[str, Binding] = {}  # one per signal: a second is OKE1041 at boot
         self.routes: list[_Compiled] = []
         for b in bindings:
             route: Route = b.trigger
             if route.firehose:
-                self.firehoses.setdefault(route.live_signal.name, []).append(b)  # type: ignore[union-attr]
+                self.firehoses[route.live_signal.name] = b  # type: ignore[union-attr]
             else:
                 self.routes.append(_Compiled(b, _compile(route.path)))
         self.routes.sort(key=lambda c: c.specificity)  # stable: among equals, binding order
@@ -141,7 +143,7 @@ class HttpServer:
         return list(found.values())
 
     def firehoses_and_routes(self) -> list[Binding]:
-        return [b for bs in self.firehoses.values() for b in bs] + [c.binding for c in self.routes]
+        return list(self.firehoses.values()) + [c.binding for c in self.routes]
 
     def hubs(self) -> HubRegistry:
         store = self.app._require_store()
@@ -254,9 +256,11 @@ class HttpServer:
             route: Route = b.trigger
             if route.live_signal is None:
                 continue
+            custom = b.flow.do is not None
             out.append({"signal": route.live_signal.name, "path": route.path, "params": list(route.params),
                         "gates": [g.name for g in route.gates], "public": route.is_public,
-                        "custom": b.flow.do is not None})
+                        "custom": custom, "flow": b.flow.name if custom else None,
+                        "match": exposure_match(b)})
         return out
 
     async def _pass_gates(self, route: Route, request: Request) -> dict[str, Any]:
@@ -269,21 +273,13 @@ class HttpServer:
         return identities
 
     async def _firehose(self, request: Request, name: str) -> Response:
-        exposures = self.firehoses.get(name)
-        if not exposures:
+        exposure = self.firehoses.get(name)
+        if exposure is None:
             return PlainTextResponse("Not Found", status_code=404)
         if request.method != "GET":
             return PlainTextResponse("Method Not Allowed", status_code=405)
-        first_error: HttpError | None = None
-        for b in exposures:
-            try:
-                await self._pass_gates(b.trigger, request)
-            except HttpError as err:
-                first_error = first_error or err
-                continue
-            return await self._serve_live(request, b.trigger.live_signal, None)
-        assert first_error is not None
-        raise first_error
+        await self._pass_gates(exposure.trigger, request)
+        return await self._serve_live(request, exposure.trigger.live_signal, None)
 
     async def _route(self, request: Request, compiled: _Compiled, params: dict[str, str]) -> Response:
         route = compiled.route
@@ -292,7 +288,7 @@ class HttpServer:
         if route.live_signal is not None and binding.flow.do is None:
             return await self._serve_live(request, route.live_signal, param_match(params))
         value = await self._input(request, route, params)
-        fx = Fx(self.app, binding.flow)
+        fx = Fx(self.app, binding.flow, exposes=route.live_signal.name if route.live_signal else None)
         handler = binding.flow.do
         assert handler is not None
         try:
@@ -418,7 +414,15 @@ def _raise_bad(message: str) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    """What a flow returned, as JSON-ready data: pydantic models by their JSON dump, the records
+    of `engine.ops` and `fx` (frozen dataclasses, SPEC §9b) by their fields, at any depth."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
-    json.dumps(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(to_json(value))
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    json.dumps(value)  # anything else must be JSON already (a TypeError names what is not)
     return value

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Callable
 from ..bus import live
 from ..bus.hub import DONE, RESET, HubRegistry, Subscription
 from ..store import Store
+from .routes import param_text
 
 HEARTBEAT_S = 15.0
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -41,17 +42,11 @@ def param_match(params: dict[str, str]) -> Match | None:
         if not isinstance(value, dict):
             return True
         for name, wanted in params.items():
-            if name in value and _text(value[name]) != wanted:
+            if name in value and param_text(value[name]) != wanted:
                 return False
         return True
 
     return match
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _accept(match: Match | None, value: Any) -> bool:
