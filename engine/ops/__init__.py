@@ -35,7 +35,7 @@ __all__ = [
     "AuditEntry", "BindingInfo", "Blocker", "DeadLetter", "EmittedMessage", "Failure", "FailureGroup", "Lease",
     "MessageDetail", "MessagePage", "MessageRow", "Purged", "PurgePreview", "Replayed", "ReplayPreview",
     "RunNode", "STATUSES", "SignalInfo", "SignalStats", "UNCHANGED", "Unbound", "UnknownFlow",
-    "UnknownMessage", "UnknownRun", "UnknownSignal", "UnvalidatedPayload", "audit", "bindings",
+    "UnknownMessage", "UnknownRun", "UnknownSignal", "UnvalidatedPayload", "audit", "binding", "bindings",
     "dead_letters", "default_actor", "failures", "known_signals", "message_page", "messages", "purge",
     "replay", "show", "signal_info", "stats", "to_json", "trace", "unbind",
 ]
@@ -97,7 +97,14 @@ async def trace(store: Store, run_id: str) -> RunNode:
 async def bindings(store: Store) -> list[BindingInfo]:
     """Every recorded binding (retired ones too): signal, kind, flow, last_seen, active."""
     rows = await store.read(registry.listing)
-    return [BindingInfo(**r._asdict()) for r in rows]
+    return [BindingInfo(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=r.last_seen, active=r.active)
+            for r in rows]
+
+
+async def binding(store: Store, signal: str, flow: str) -> BindingInfo:
+    """One recorded binding; UnknownSignal / UnknownFlow (naming the known ones) when there is none."""
+    await store.read(lambda conn: unbinding.binding_kind(conn, signal, flow))
+    return next(b for b in await bindings(store) if (b.signal, b.flow) == (signal, flow))
 
 
 # -- writes -------------------------------------------------------------------------------------

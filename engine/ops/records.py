@@ -126,7 +126,6 @@ class BindingInfo:
     flow: str
     last_seen: int
     active: bool
-    retired_at: int | None
 
 
 @dataclass(frozen=True)

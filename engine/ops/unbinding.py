@@ -23,17 +23,23 @@ UNBOUND = "Unbound"  # the failure code of a copy ended by `unbind`
 def retire(conn: Connection, signal: str, flow: str, *, actor: str | None,
            reason: str | None) -> tuple[str, list[str]]:
     """Retire (signal, flow) and end its copies: the binding's kind and the ids it ended, in seq order."""
-    queries.require_signal(conn, signal)
-    kind = conn.execute(select(b.c.kind).where(b.c.signal == signal, b.c.flow == flow)).scalar()
-    if kind is None:
-        known = [r[0] for r in conn.execute(select(b.c.flow).where(b.c.signal == signal).order_by(b.c.flow))]
-        raise UnknownFlow(signal, flow, known)
+    kind = binding_kind(conn, signal, flow)
     now = lease_clock_ms(conn)
     registry.retire(conn, signal, flow, now)
     ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
     write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason),
                 count=len(ids), at=now)
     return kind, ids
+
+
+def binding_kind(conn: Connection, signal: str, flow: str) -> str:
+    """The kind of the recorded (signal, flow) binding; UnknownSignal / UnknownFlow when there is none."""
+    queries.require_signal(conn, signal)
+    kind = conn.execute(select(b.c.kind).where(b.c.signal == signal, b.c.flow == flow)).scalar()
+    if kind is None:
+        known = [r[0] for r in conn.execute(select(b.c.flow).where(b.c.signal == signal).order_by(b.c.flow))]
+        raise UnknownFlow(signal, flow, known)
+    return str(kind)
 
 
 def end_copies(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None,
