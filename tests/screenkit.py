@@ -23,3 +23,9 @@ def screen_lines(app: Any) -> list[str]:
 
 def screen_text(app: Any) -> str:
     return "\n".join(screen_lines(app))
+
+
+def flat_text(app: Any) -> str:
+    """The screen's words joined by single spaces, toast edges (▌) dropped: a phrase that wraps inside
+    a notification or a narrow pane is still found whole."""
+    return " ".join(screen_text(app).replace("▌", " ").split())
