@@ -108,7 +108,9 @@ class OverviewScreen(ConsoleScreen):
             if split_once(row):
                 text += (f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
                          f"{escape(', '.join(row.flows))}[/] (OKE1071)")
-        self.query_one("#about", Static).update(text)
+        about = self.query_one("#about", Static)
+        about.update(text)
+        about.display = bool(text)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.show_about()
