@@ -73,8 +73,9 @@ def unbind(
         found = _run(state, lambda store: ops.binding(store, signal, flow))  # names checked first
         if not _interactive():
             fail(2, "unbind changes the store and stdin is not a terminal: pass --yes to confirm")
-        copies = " and its pending copies end dead" if found.kind == "broadcast" else ""
-        _confirm(f'Unbind flow "{flow}" from {signal}? It gets no new messages{copies}.', "unbind")
+        effect = ("it gets no new copies and its pending copies end dead" if found.kind == "broadcast"
+                  else "it is no longer listed as bound (the signal's messages stay queued)")
+        _confirm(f'Unbind flow "{flow}" from {signal}? {effect[0].upper()}{effect[1:]}.', "unbind")
     result = _run(state, lambda store: ops.unbind(store, signal, flow, actor=_actor(state, actor), reason=reason))
     if as_json:
         output.print_json(result)

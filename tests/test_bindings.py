@@ -22,7 +22,7 @@ from engine.store import schema as schema_mod
 from okconsole.app import ConsoleApp
 from okconsole.screens.overview import OverviewScreen
 from screenkit import screen_lines, screen_text
-from test_cli import run_okconsole
+from test_cli import okconsole_cmd, run_in_pty, run_okconsole
 from test_console_tui import wait_for
 from workers.db import execute, fetch, scalar
 
@@ -223,6 +223,20 @@ async def test_cli_bindings_and_unbind(db_url):
     assert table.returncode == 0
     [old] = [line for line in table.stdout.splitlines() if "search.old" in line]
     assert old.split()[-1] == "no" and "Active" in table.stdout
+
+
+async def test_unbind_on_a_terminal_asks_first(sqlite_url, tmp_path):
+    news = signal.broadcast("news")
+    async with oke("t", database_url=sqlite_url, bindings=[Binding(news, flow("search.old", do=_noop))]) as app:
+        await app.emit(news, {"n": 1})
+    command = [*okconsole_cmd(), "--db", sqlite_url, "unbind", "news", "search.old"]
+    code, out = run_in_pty(command, answer="n\n", cwd=tmp_path)
+    assert 'Unbind flow "search.old" from news? It gets no new copies and its pending copies end dead.' in out
+    assert code == 1 and "cancelled" in out
+    assert await copies_by_flow(sqlite_url, "news") == {"search.old": ["pending"]}
+    code, out = run_in_pty(command, answer="y\n", cwd=tmp_path)
+    assert code == 0 and "1 pending copy ended dead (code Unbound)" in out, out
+    assert await copies_by_flow(sqlite_url, "news") == {"search.old": ["dead"]}
 
 
 # ------------------------------------------------------------------ the store upgrade
