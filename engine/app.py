@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import socket
 import time
@@ -12,6 +13,7 @@ from . import payloads
 from .bus import live
 from .bus.appender import AppendInterrupted, LiveAppender
 from .bus.routing import rows_for
+from .durations import parse_duration_ms
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
@@ -25,7 +27,9 @@ from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
 
 MAX_KEY_LENGTH = 1000
-BINDINGS_CACHE_S = 2.0
+BINDINGS_CACHE_S = registry.BINDINGS_CACHE_S
+BINDING_HEARTBEAT_S = 60.0  # a running app refreshes its bindings' last_seen this often (one UPDATE)
+log = logging.getLogger("engine.app")
 
 
 class OkeApp:
@@ -35,7 +39,7 @@ class OkeApp:
                  lease_ms: int = 30_000, worker_id: str | None = None,
                  max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
                  stop_grace_s: float = 10.0, sse_heartbeat_s: float = 15.0,
-                 busy_timeout_ms: int | None = None) -> None:
+                 busy_timeout_ms: int | None = None, binding_ttl: str = registry.DEFAULT_BINDING_TTL) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
         if len(name) > MAX_NAME_LENGTH:
@@ -59,10 +63,11 @@ class OkeApp:
             raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {busy_timeout_ms!r}")
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
         self.busy_timeout_ms = busy_timeout_ms
+        self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
-        self._bound_cache: dict[str, tuple[float, list[str]]] = {}
+        self._bound_cache: dict[str, tuple[float, registry.Recorded]] = {}
         self._http: HttpServer | None = None
         self._appender: LiveAppender | None = None
 
@@ -88,7 +93,9 @@ class OkeApp:
             binding_rows = [(name, f.name or "", manifest.signals[name].kind)
                             for name, flows in manifest.signal_flows.items() for f in flows]
             binding_rows += live_exposures(manifest)
-            await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows))
+            await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows,
+                                                           self.binding_ttl_ms))
+            _warn_of_other_once_flows(manifest, await store.read(registry.recent_flows))
             live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
             await store.write(lambda conn: [live.ensure_tape(conn, n) for n in live_names])
         except BaseException:
@@ -151,9 +158,11 @@ class OkeApp:
         if cached is not None and time.monotonic() - cached[0] < BINDINGS_CACHE_S:
             recorded = cached[1]
         else:
-            recorded = await self.store.read(lambda conn: registry.bound_flows(conn, signal.name))
+            recorded = await self.store.read(lambda conn: registry.recorded_flows(conn, signal.name))
             self._bound_cache[signal.name] = (time.monotonic(), recorded)
-        return sorted(set(local) | set(recorded)) if signal.kind == "broadcast" else (local or recorded)
+        if signal.kind == "broadcast":  # copies for active bindings only, never for a retired one
+            return sorted((set(local) | set(recorded.active)) - recorded.retired)
+        return local or recorded.bound
 
     async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None,
                    parent_run_id: str | None = None, emitter: str | None = None) -> str:
@@ -260,9 +269,56 @@ class OkeApp:
         await WorkerPool(self, self._routes(), concurrency).run(until_idle=True)
 
     async def run(self, concurrency: int = 8) -> None:
-        """Run workers until `stop()`."""
+        """Run workers until `stop()`, refreshing this app's bindings' last_seen meanwhile."""
         self._require_store()
-        await WorkerPool(self, self._routes(), concurrency).run(until_idle=False)
+        heartbeat = asyncio.create_task(self._heartbeat(), name="oke-bindings-heartbeat")
+        try:
+            await WorkerPool(self, self._routes(), concurrency).run(until_idle=False)
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+
+    async def _heartbeat(self) -> None:
+        """Every BINDING_HEARTBEAT_S: this app still runs its flows (keeps them active, SPEC §6)."""
+        assert self.manifest is not None and self.store is not None
+        pairs = [(name, f.name or "") for name, flows in self.manifest.signal_flows.items() for f in flows]
+        pairs += [(name, path) for name, path, _kind in live_exposures(self.manifest)]
+        if not pairs:
+            return
+        while True:
+            await asyncio.sleep(BINDING_HEARTBEAT_S)
+            try:
+                await self._require_store().write(lambda conn: registry.touch(conn, pairs))
+            except Exception as err:  # the store is away: the next beat tries again
+                if not is_outage(err):
+                    raise
+                log.warning("could not refresh the bindings' last_seen (%s); retrying in %.0fs",
+                            describe(err), BINDING_HEARTBEAT_S)
+
+
+def _binding_ttl_ms(ttl: object) -> int:
+    if not isinstance(ttl, str):
+        raise TypeError(f'oke(binding_ttl=...): a duration string like "7d" or "12h", got {ttl!r}')
+    ms = parse_duration_ms(ttl)
+    if ms is None:
+        raise ValueError(f'oke(binding_ttl=...): "{ttl}" is not a duration: use a positive integer and a '
+                         f'unit (ms, s, m, h, d), e.g. "7d"')
+    return ms
+
+
+def _warn_of_other_once_flows(manifest: Manifest, recent: dict[str, list[str]]) -> None:
+    """OKE1071's text as a warning when a process seen lately binds another flow to one of our once
+    signals: they would split its messages. Boot goes on (a rolling rename must not deadlock)."""
+    for name, flows in sorted(manifest.signal_flows.items()):
+        if manifest.signals[name].kind != "once":
+            continue
+        mine = [f.name or "" for f in flows]
+        others = [f for f in recent.get(name, []) if f not in mine]
+        if others:
+            listed = ", ".join(f'"{f}"' for f in mine + others)
+            log.warning("%s (Another process seen in the last 5 minutes binds %s; the flows split the "
+                        "messages between them.)", OkeError.of(1071, signal=name, flows=listed),
+                        ", ".join(f'"{f}"' for f in others))
 
 
 def live_exposures(manifest: Manifest) -> list[tuple[str, str, str]]:
@@ -281,7 +337,8 @@ def exposure_label(method: str, path: str) -> str:
 
 
 def oke(name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
-        lease_ms: int = 30_000, worker_id: str | None = None, **options: Any) -> OkeApp:
+        lease_ms: int = 30_000, worker_id: str | None = None, binding_ttl: str = registry.DEFAULT_BINDING_TTL,
+        **options: Any) -> OkeApp:
     """Declare an embedded engine app; boot it with `async with`."""
     return OkeApp(name, database_url=database_url, bindings=bindings, lease_ms=lease_ms,
-                  worker_id=worker_id, **options)
+                  worker_id=worker_id, binding_ttl=binding_ttl, **options)

@@ -16,7 +16,8 @@ CATALOGUE: dict[int, tuple[str, str]] = {
     1050: ('Live signal "{signal}" is exposed twice with the same gates ({gates}) and match ({match}).',
            "Give the second exposure other gates or a match, or remove it."),
     1071: ('Once signal "{signal}" is bound to more than one Flow ({flows}).',
-           "A once signal is a work queue with one consumer flow; use signal.broadcast for fan-out."),
+           "Use signal.broadcast if each flow should independently receive this event, or bind only one "
+           "flow if these should compete for the same work."),
     1072: ('A signal flow on "{trigger}" has no name.',
            'Give the flow a name: flow("workers.something", ...).'),
     1210: ('Cursor "{afterId}" missing on "{signal}".',

@@ -154,10 +154,25 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
                             f"is a tape, not a queue; expose it with on(http.live(signal)) instead")
         manifest.signals[trigger.name] = trigger
         flows = manifest.signal_flows.setdefault(trigger.name, [])
-        if any(f.name == binding.flow.name for f in flows):
-            continue
+        namesake = next((f for f in flows if f.name == binding.flow.name), None)
+        if namesake is not None and _same_work(namesake, binding.flow):
+            continue  # one flow bound twice: still one consumer
         flows.append(binding.flow)
         if trigger.kind == "once" and len(flows) > 1:
             names = ", ".join(f'"{f.name}"' for f in flows)
             raise OkeError.of(1071, signal=trigger.name, flows=names)
+        if namesake is not None:
+            raise ValueError(f'on(signal.broadcast("{trigger.name}")): flow "{namesake.name}" is bound twice '
+                             f"with different handlers ({_handler_name(namesake)} and "
+                             f"{_handler_name(binding.flow)}); a broadcast copy goes to each flow by name, "
+                             f"so give each handler its own flow name")
     return manifest
+
+
+def _same_work(a: Flow, b: Flow) -> bool:
+    """One Flow object bound twice, or two Flow objects of one handler with the same options."""
+    return a is b or (a.do is b.do and a.durable == b.durable and a.reads == b.reads)
+
+
+def _handler_name(f: Flow) -> str:
+    return getattr(f.do, "__qualname__", None) or repr(f.do)

@@ -371,6 +371,11 @@ def _load_payload(path: str) -> Any:
         fail(2, f"--payload: {path} is not JSON: {err}")
 
 
+def _warn(text: str) -> None:
+    """A warning on stderr (stdout stays JSON-only)."""
+    typer.echo(f"okconsole: warning: {text}", err=True)
+
+
 def _confirm(question: str, what: str) -> None:
     """Ask on the terminal (the prompt goes to stderr); refuse without one."""
     if not _interactive():
@@ -443,7 +448,7 @@ def replay(
         _confirm(f"Replay {preview.would_replay} dead letter(s) of {signal}?", "replay")
 
     result = run(state, lambda store: ops.replay(store, signal, dry_run=dry_run, reason=reason, actor=who,
-                                                 rate=per_second, **options))
+                                                 rate=per_second, warn=_warn, **options))
     if as_json:
         output.print_json(result)
     else:
@@ -488,7 +493,7 @@ def purge(
 
 
 # -- the TUI and the long-running commands live in cli_run (registered on import) -------------
-from . import cli_run  # noqa: E402,F401
+from . import cli_bindings, cli_run  # noqa: E402,F401
 
 
 def main() -> None:

@@ -73,10 +73,10 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     if not rows:
         out.print(f"No signals recorded in {escape(db)} yet.")
         return
-    table = _table("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag")
+    table = _table("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag", "Description")
     for r in rows:
         table.add_row(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
-                      f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms))
+                      f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
     out.print(table)
 
 

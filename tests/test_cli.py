@@ -67,7 +67,7 @@ class Shop:
         self.runs: dict[str, str] = {}
         self.email = signal.once("shop.email", retries=1)
         self.audit_sig = signal.once("shop.audit", retries=0)
-        signal.once("shop.idle", optional=True)
+        signal.once("shop.idle", optional=True, description="Reserved for nightly jobs")
         on(self.email, flow("w.email", do=self._email))
         on(self.audit_sig, flow("w.audit", do=self._audit))
 
@@ -144,15 +144,21 @@ def test_stats_json_and_table(db_url, shop):
     got = {r["signal"]: r for r in rows}
     assert set(got) == {"shop.email", "shop.audit", "shop.idle"}
     for r in rows:
-        assert set(r) == {"signal", "kind", "pending", "inflight", "delivered", "dead", "lag_ms"}
+        assert set(r) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead", "lag_ms",
+                          "flows"}
     assert {k: got["shop.email"][k] for k in ("kind", "pending", "inflight", "delivered", "dead", "lag_ms")} == \
         {"kind": "once", "pending": 0, "inflight": 0, "delivered": 2, "dead": 2, "lag_ms": None}
     assert got["shop.idle"]["delivered"] == 0 and got["shop.audit"]["delivered"] == 1
+    assert (got["shop.email"]["flows"], got["shop.idle"]["flows"]) == (["w.email"], [])
+    assert (got["shop.email"]["description"], got["shop.idle"]["description"]) == \
+        ("shop.email", "Reserved for nightly jobs")
     assert as_json(cli("stats", "--db", db_url, "--json")) == rows  # --db after the command works too
 
     human = cli("--db", db_url, "stats")
     assert human.exit_code == 0 and human.stderr == ""
     assert "shop.email" in human.stdout and "shop.idle" in human.stdout and "Dead" in human.stdout
+    idle_line = next(line for line in human.stdout.splitlines() if line.startswith("shop.idle"))
+    assert "Reserved for nightly jobs" in idle_line and "Description" in human.stdout
     assert "\x1b[" not in human.stdout  # not a terminal: no colour
 
 

@@ -284,3 +284,22 @@ async def test_lease_columns_follow_the_stores_clock_not_the_consoles(db_url, mo
             row = " ".join(str(c) for c in table.get_row(msg))
             assert "reclaimable now" not in row and "expired" not in row, row
             assert "s" in str(table.get_cell(msg, "lease"))  # time left, e.g. "29s"
+
+
+async def test_overview_shows_the_selected_signals_description(db_url):
+    """SPEC §10b: the description of the selected signal is on screen, and follows the cursor."""
+    from engine import signal
+    from screenkit import screen_lines
+
+    signal.once("a.first", optional=True, description="Charges the customer's card")
+    signal.broadcast("b.second", optional=True)  # no description: the name stands in
+    async with oke("t", database_url=db_url, bindings=[]):
+        pass
+    app = ConsoleApp(db_url, refresh_s=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, OverviewScreen)
+                       and app.screen.query_one("#signals").row_count == 2)
+        await wait_for(pilot, lambda: "a.first — Charges the customer's card" in screen_lines(app)[-2])
+        await pilot.press("down")
+        await wait_for(pilot, lambda: "b.second — b.second" in screen_lines(app)[-2])
+        assert not any("Charges the customer's card" in line for line in screen_lines(app))

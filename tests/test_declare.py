@@ -237,6 +237,48 @@ async def test_two_flows_on_one_once_signal_fail_at_boot_with_oke1071(sqlite_url
     assert '"workers.a"' in str(err.value) and '"workers.b"' in str(err.value)
 
 
+OKE1071_FIX = ("Use signal.broadcast if each flow should independently receive this event, or bind only one "
+               "flow if these should compete for the same work.")
+
+
+def test_oke1071_fix_text_is_the_seeds_sentence():
+    assert OkeError.of(1071, signal="jobs", flows='"a", "b"').fix == OKE1071_FIX
+
+
+async def _other_handler(payload, fx):
+    return None
+
+
+async def test_two_handlers_under_one_flow_name_on_a_once_signal_fail_at_boot_with_oke1071(sqlite_url):
+    jobs = signal.once("jobs")
+    on(jobs, flow("workers.a", do=_handler))
+    on(jobs, flow("workers.a", do=_other_handler))  # same name, another handler: not one flow
+    with pytest.raises(OkeError) as err:
+        async with oke("t", database_url=sqlite_url):
+            pass
+    assert err.value.code == 1071
+    assert str(err.value) == (f'OKE1071: Once signal "jobs" is bound to more than one Flow ("workers.a", '
+                              f'"workers.a"). Fix: {OKE1071_FIX}')
+
+
+async def test_two_handlers_under_one_flow_name_on_a_broadcast_signal_are_a_value_error(sqlite_url):
+    news = signal.broadcast("news")
+    on(news, flow("workers.n", do=_handler))
+    on(news, flow("workers.n", do=_other_handler))
+    with pytest.raises(ValueError, match=r'flow "workers.n" is bound twice with different handlers '
+                                         r"\(_handler and _other_handler\)"):
+        async with oke("t", database_url=sqlite_url):
+            pass
+
+
+async def test_one_handler_wrapped_twice_under_its_name_is_still_one_flow(sqlite_url):
+    news = signal.broadcast("news")
+    on(news, flow("workers.n", do=_handler))
+    on(news, flow("workers.n", do=_handler))
+    async with oke("t", database_url=sqlite_url) as app:
+        assert [f.name for f in app.manifest.signal_flows["news"]] == ["workers.n"]
+
+
 async def test_one_flow_bound_twice_and_broadcast_fan_out_boot_fine(sqlite_url):
     jobs = signal.once("jobs")
     news = signal.broadcast("news")

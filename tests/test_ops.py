@@ -89,7 +89,10 @@ async def test_stats_counts_every_status_and_lists_idle_signals(db_url):
     assert (idle.kind, idle.pending, idle.inflight, idle.delivered, idle.dead, idle.lag_ms) == \
         ("once", 0, 0, 0, 0, None)
     assert got["t.fan"].kind == "broadcast"
-    assert set(ops.to_json(w)) == {"signal", "kind", "pending", "inflight", "delivered", "dead", "lag_ms"}
+    assert set(ops.to_json(w)) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead",
+                                   "lag_ms", "flows"}
+    assert (w.description, w.flows) == ("t.work", ["w.work"])  # the description defaults to the name
+    assert (idle.description, idle.flows) == ("never emitted", [])
 
 
 async def test_inflight_lease_blocker_and_reclaimable(db_url):

@@ -7,33 +7,37 @@ Each function takes an open `Store` and runs one `store.read` / `store.write`
 transaction (a rate-limited replay runs one per chunk). Records are frozen
 dataclasses whose attributes are the JSON fields (`to_json`); times are epoch ms.
 
-Errors: `UnknownSignal`, `UnknownMessage`, `UnknownRun` (LookupErrors naming what
-is known), `ValueError` for a bad argument, `OkeError` 1250 for a replacement
-payload the signal's schema refuses.
+Errors: `UnknownSignal`, `UnknownMessage`, `UnknownRun`, `UnknownFlow` (LookupErrors
+naming what is known), `ValueError` for a bad argument, `OkeError` 1250 for a
+replacement payload the signal's schema (or its recorded JSON Schema) refuses.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from typing import Any, Iterable
+import warnings
+from typing import Any, Callable, Iterable
 
+from .. import json_schemas
+from ..signals import declared
 from ..store import Store
 from ..store.base import wake_local
-from . import queries, repair
+from . import queries, registry, repair, unbinding
 from . import trace as _trace
-from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, EmittedMessage, Failure, FailureGroup,
-                      Lease, MessageDetail, MessagePage, MessageRow, Purged, PurgePreview, Replayed,
-                      ReplayPreview, RunNode, SignalInfo, SignalStats, UnknownMessage, UnknownRun,
-                      UnknownSignal, to_json)
+from .records import (STATUSES, AuditEntry, BindingInfo, Blocker, DeadLetter, EmittedMessage, Failure,
+                      FailureGroup, Lease, MessageDetail, MessagePage, MessageRow, Purged, PurgePreview,
+                      Replayed, ReplayPreview, RunNode, SignalInfo, SignalStats, Unbound, UnknownFlow,
+                      UnknownMessage, UnknownRun, UnknownSignal, UnvalidatedPayload, to_json)
 from .repair import UNCHANGED, default_actor
 
 __all__ = [
-    "AuditEntry", "Blocker", "DeadLetter", "EmittedMessage", "Failure", "FailureGroup", "Lease",
+    "AuditEntry", "BindingInfo", "Blocker", "DeadLetter", "EmittedMessage", "Failure", "FailureGroup", "Lease",
     "MessageDetail", "MessagePage", "MessageRow", "Purged", "PurgePreview", "Replayed", "ReplayPreview",
-    "RunNode", "STATUSES", "SignalInfo", "SignalStats", "UNCHANGED", "UnknownMessage", "UnknownRun",
-    "UnknownSignal", "audit", "dead_letters", "default_actor", "failures", "known_signals",
-    "message_page", "messages", "purge", "replay", "show", "signal_info", "stats", "to_json", "trace",
+    "RunNode", "STATUSES", "SignalInfo", "SignalStats", "UNCHANGED", "Unbound", "UnknownFlow",
+    "UnknownMessage", "UnknownRun", "UnknownSignal", "UnvalidatedPayload", "audit", "binding", "bindings",
+    "dead_letters", "default_actor", "failures", "known_signals", "message_page", "messages", "purge",
+    "replay", "show", "signal_info", "stats", "to_json", "trace", "unbind",
 ]
 
 
@@ -90,6 +94,19 @@ async def trace(store: Store, run_id: str) -> RunNode:
     return await store.read(lambda conn: _trace.trace(conn, run_id))
 
 
+async def bindings(store: Store) -> list[BindingInfo]:
+    """Every recorded binding (retired ones too): signal, kind, flow, last_seen, active."""
+    rows = await store.read(registry.listing)
+    return [BindingInfo(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=r.last_seen, active=r.active)
+            for r in rows]
+
+
+async def binding(store: Store, signal: str, flow: str) -> BindingInfo:
+    """One recorded binding; UnknownSignal / UnknownFlow (naming the known ones) when there is none."""
+    await store.read(lambda conn: unbinding.binding_kind(conn, signal, flow))
+    return next(b for b in await bindings(store) if (b.signal, b.flow) == (signal, flow))
+
+
 # -- writes -------------------------------------------------------------------------------------
 def _parse_rate(rate: float | None) -> float | None:
     if rate is None:
@@ -102,8 +119,8 @@ def _parse_rate(rate: float | None) -> float | None:
 async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *, all: bool = False,
                  code: str | None = None, match: str | None = None, key: str | None = None,
                  older_than_ms: int | None = None, dry_run: bool = False, payload: Any = UNCHANGED,
-                 reason: str | None = None, actor: str | None = None,
-                 rate: float | None = None) -> Replayed | ReplayPreview:
+                 reason: str | None = None, actor: str | None = None, rate: float | None = None,
+                 warn: Callable[[str], None] | None = None) -> Replayed | ReplayPreview:
     """Requeue dead letters of `signal`: dead → pending, same id and seq, attempts 0.
 
     Select by `ids`, or every dead letter with `all=True`; `code`, `match` (substring of
@@ -114,7 +131,9 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
     each chunk atomic and audited, with pauses between: the whole is then NOT atomic
     (an interruption leaves the earlier chunks replayed). `payload` replaces the payload
     of exactly one named message (checked by the schema when the signal is declared in
-    this process). `dry_run` changes nothing and returns the count and up to 20 ids.
+    this process, else by the JSON Schema its app recorded at boot; with neither, `warn` gets a
+    notice that it was stored unchecked, or a `UnvalidatedPayload` warning is issued). `dry_run`
+    changes nothing and returns the count and up to 20 ids.
     Named ids that are no longer dead are skipped (a concurrent replay took them).
     """
     if isinstance(ids, str):
@@ -129,9 +148,11 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
         raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
     pace = _parse_rate(rate)
     payload_text = None
+    unchecked: str | None = None
     if payload is not UNCHANGED:
         if all or id_list is None or len(id_list) != 1:
             raise ValueError("a replacement payload applies to exactly one message: name one id")
+        unchecked = await _check_payload(store, signal, payload)
         payload_text = repair.encode_payload(signal, payload)
     sel = repair.Selection(signal=signal, ids=None if all else tuple(id_list or ()), code=code, match=match,
                            key=key, older_than_ms=older_than_ms)
@@ -143,6 +164,8 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
                                                              payload_text=payload_text))
         if batch.ids:
             wake_local(store.url)
+            if unchecked is not None:
+                _warn(unchecked, warn)
         return Replayed(replayed=len(batch.ids), ids=batch.ids)
     seqs = await store.read(lambda conn: repair.candidate_seqs(conn, sel))
     size = max(1, int(pace))
@@ -158,7 +181,30 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
         wait = started + (start + len(chunk)) / pace - time.monotonic()
         if wait > 0 and start + size < len(seqs):
             await asyncio.sleep(wait)
+    if done and unchecked is not None:
+        _warn(unchecked, warn)
     return Replayed(replayed=len(done), ids=done)
+
+
+async def _check_payload(store: Store, signal: str, value: Any) -> str | None:
+    """Refuse (OKE1250) a replacement the recorded JSON Schema rejects; the notice to give when
+    nothing could check it. A signal declared in this process is checked by its own schema."""
+    if declared(signal) is not None:
+        return None
+    recorded, schema_text = await store.read(lambda conn: registry.json_schema_of(conn, signal))
+    if schema_text is not None:
+        json_schemas.check(signal, schema_text, value)
+        return None
+    why = ("its schema is a plain callable, which has no JSON Schema" if recorded
+           else "no app recorded its declaration")
+    return f'"{signal}": the replacement payload was stored without being validated ({why})'
+
+
+def _warn(text: str, warn: Callable[[str], None] | None) -> None:
+    if warn is not None:
+        warn(text)
+    else:
+        warnings.warn(text, UnvalidatedPayload, stacklevel=3)
 
 
 async def purge(store: Store, signal: str, status: str, older_than_ms: int | None = None, *,
@@ -174,3 +220,19 @@ async def purge(store: Store, signal: str, status: str, older_than_ms: int | Non
     actor = actor or default_actor()
     return await store.write(lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor,
                                                        reason=reason))
+
+
+async def unbind(store: Store, signal: str, flow: str, *, actor: str | None = None,
+                 reason: str | None = None) -> Unbound:
+    """Retire one binding at once: no new copies for it, and its pending broadcast copies end
+    `dead` with failure code "Unbound" (replayable), audited as action "unbind".
+
+    An emitter may have read the bindings up to BINDINGS_CACHE_S before the retirement: after
+    that long, the copies it enqueued meanwhile are ended too (a second transaction, audited)."""
+    actor = actor or default_actor()
+    kind, ids = await store.write(lambda conn: unbinding.retire(conn, signal, flow, actor=actor, reason=reason))
+    if kind == "broadcast":
+        await asyncio.sleep(registry.BINDINGS_CACHE_S + 0.5)
+        ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor,
+                                                              reason=reason))
+    return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)

@@ -76,10 +76,11 @@ def stats(conn: Connection) -> list[SignalStats]:
     for (signal, status), n in status_counts(conn).items():
         if status in STATUSES:
             counts[signal][status] = n
-    kinds = {row.name: row.kind for row in conn.execute(select(s.c.name, s.c.kind))}
+    declared = {row.name: row for row in conn.execute(select(s.c.name, s.c.kind, s.c.description))}
+    flows = registry.recent_flows(conn)
     now = now_ms()
     out = []
-    for name in sorted(set(counts) | set(kinds)):
+    for name in sorted(set(counts) | set(declared)):
         c = counts[name]
         lag = None
         if c["pending"]:
@@ -87,9 +88,11 @@ def stats(conn: Connection) -> list[SignalStats]:
                                   .where(m.c.signal == name, m.c.status == "pending")
                                   .order_by(m.c.seq).limit(1)).scalar()
             lag = max(0, now - oldest) if oldest is not None else None
-        kind = kinds.get(name) or _inferred_kind(conn, name)
-        out.append(SignalStats(signal=name, kind=kind, pending=c["pending"], inflight=c["inflight"],
-                               delivered=c["delivered"], dead=c["dead"], lag_ms=lag))
+        row = declared.get(name)
+        kind = row.kind if row is not None else _inferred_kind(conn, name)
+        out.append(SignalStats(signal=name, kind=kind, description=row.description if row is not None else None,
+                               pending=c["pending"], inflight=c["inflight"], delivered=c["delivered"],
+                               dead=c["dead"], lag_ms=lag, flows=flows.get(name, [])))
     return out
 
 

@@ -70,15 +70,20 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class SignalStats:
-    """Counts per status of one signal; `lag_ms` is the age of its oldest pending message."""
+    """Counts per status of one signal; `lag_ms` is the age of its oldest pending message.
+
+    `flows`: every flow (or live exposure) bound to the signal by a process seen in the last
+    5 minutes; a once signal with two splits its messages between them (SPEC §2)."""
 
     signal: str
     kind: str
+    description: str | None
     pending: int
     inflight: int
     delivered: int
     dead: int
     lag_ms: int | None
+    flows: list[str]
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,42 @@ class SignalInfo:
     app: str | None
     flows: list[str]
     recorded: bool  # False: only messages exist, no process recorded a declaration
+
+
+class UnvalidatedPayload(UserWarning):
+    """A replacement payload was stored unchecked: the signal has no JSON Schema to check it by."""
+
+
+class UnknownFlow(LookupError):
+    """No binding of that flow to that signal is recorded."""
+
+    def __init__(self, signal: str, flow: str, known: list[str]) -> None:
+        self.signal = signal
+        self.flow = flow
+        self.known = known
+        listed = ", ".join(known) if known else "none recorded"
+        super().__init__(f'no flow "{flow}" is bound to signal "{signal}" (its flows: {listed})')
+
+
+@dataclass(frozen=True)
+class BindingInfo:
+    """A recorded binding: `active` while seen within its binding_ttl and not retired (SPEC §6)."""
+
+    signal: str
+    kind: str
+    flow: str
+    last_seen: int
+    active: bool
+
+
+@dataclass(frozen=True)
+class Unbound:
+    """An `unbind`: the binding is retired; `dead` pending copies ended dead (code "Unbound")."""
+
+    signal: str
+    flow: str
+    dead: int
+    ids: list[str]
 
 
 @dataclass(frozen=True)

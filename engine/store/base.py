@@ -16,7 +16,7 @@ from sqlalchemy import Connection, select, text, update
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
-from . import counts, schema
+from . import counts, migrations, schema
 
 T = TypeVar("T")
 
@@ -120,6 +120,7 @@ def ensure_schema(conn: Connection) -> None:
 # from_version -> step that upgrades it by one (new tables come from create_all above).
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: counts.install,  # 1 -> 2: message counters kept by triggers
+    2: migrations.add_binding_activity,  # 2 -> 3: binding activity (binding_ttl, unbind), JSON Schemas
 }
 
 

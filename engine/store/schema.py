@@ -8,7 +8,9 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text,
                         text)
 
-SCHEMA_VERSION = 2  # 2: per-status message counters kept by triggers (store/counts.py)
+# 2: per-status message counters kept by triggers (store/counts.py)
+# 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
+SCHEMA_VERSION = 3
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -32,6 +34,9 @@ signals = Table(
     Column("description", Text, nullable=False),
     Column("app", String(200)),
     Column("updated_at", BigInteger, nullable=False),
+    # The payload schema as JSON Schema text ("{}" without a schema); NULL when the schema is a
+    # plain callable (or was never recorded): a console then cannot check a replacement payload.
+    Column("json_schema", Text),
 )
 
 bindings = Table(
@@ -40,6 +45,12 @@ bindings = Table(
     Column("flow", String(200), primary_key=True),
     Column("kind", String(20), nullable=False),
     Column("updated_at", BigInteger, nullable=False),
+    # When a process last ran with this binding (boot, then its heartbeat), and for how long after
+    # that the binding stays active (the binding_ttl of that process): broadcast copies go only to
+    # active bindings. retired_at: an operator's `unbind` (NULL while bound).
+    Column("last_seen", BigInteger),
+    Column("ttl_ms", BigInteger),
+    Column("retired_at", BigInteger),
 )
 
 messages = Table(

@@ -133,6 +133,10 @@ class ConsoleScreen(Screen[None]):
             return True
         return False
 
+    def warn(self, text: str) -> None:
+        """A notice the operator should read (e.g. a payload stored without being validated)."""
+        self.notify(text, severity="warning", timeout=10)
+
     @work(group="write", exit_on_error=False)
     async def run_write(self, label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run a store write through engine.ops and report the outcome."""

@@ -136,6 +136,6 @@ class DetailScreen(ConsoleScreen):
         def edited(result: Any) -> None:
             if result is not None:
                 self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"],
-                               reason="replayed from the console with an edited payload")
+                               reason="replayed from the console with an edited payload", warn=self.warn)
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)

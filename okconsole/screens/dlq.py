@@ -175,7 +175,7 @@ class DeadLettersScreen(ConsoleScreen):
         def edited(result: Any) -> None:
             if result is not None:
                 worker = self.run_write("replay", ops.replay, self.signal, [letter.id], payload=result["payload"],
-                                        reason="replayed from the console with an edited payload")
+                                        reason="replayed from the console with an edited payload", warn=self.warn)
                 self._watch(worker)
 
         self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)

@@ -5,6 +5,7 @@ import time
 from collections import deque
 from typing import Any
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -33,6 +34,7 @@ class OverviewScreen(ConsoleScreen):
         self.previous: dict[str, tuple[float, int]] = {}
         self.history: dict[str, deque[float]] = {}
         self.kinds: dict[str, str] = {}
+        self.rows: dict[str, Any] = {}  # the latest stats row per signal (description, flows)
 
     def body(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="signals", cursor_type="row", zebra_stripes=True)
@@ -40,6 +42,7 @@ class OverviewScreen(ConsoleScreen):
             table.add_column(label, key=key)
         yield table
         yield Static("", id="empty")
+        yield Static("", id="about")
 
     def focus_main(self) -> None:
         self.query_one("#signals", DataTable).focus()
@@ -60,6 +63,7 @@ class OverviewScreen(ConsoleScreen):
         wanted: dict[str, list[Any]] = {}
         for row in stats:
             self.kinds[row.signal] = row.kind
+            self.rows[row.signal] = row
             done = row.delivered + row.dead
             if row.kind == "live":
                 done = retained.get(row.signal, 0)
@@ -78,7 +82,8 @@ class OverviewScreen(ConsoleScreen):
             else:
                 dead = f"[b red]{row.dead}[/]" if row.dead else "0"
                 lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
-                cells = [row.signal, row.kind, str(row.pending), str(row.inflight), str(row.delivered), dead,
+                kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
+                cells = [row.signal, kind, str(row.pending), str(row.inflight), str(row.delivered), dead,
                          lag, f"{rate:.1f}", fmt.sparkline(list(spark))]
             wanted[row.signal] = cells
         sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
@@ -92,6 +97,23 @@ class OverviewScreen(ConsoleScreen):
         empty = self.query_one("#empty", Static)
         empty.update(note)
         empty.display = bool(note)
+        self.show_about()
+
+    def show_about(self) -> None:
+        """The selected signal's description, and the flows that split it when a once signal has two."""
+        row = self.rows.get(self.selected_signal() or "")
+        text = ""
+        if row is not None:
+            text = f"[b]{escape(row.signal)}[/] — {escape(row.description or row.signal)}"
+            if split_once(row):
+                text += (f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
+                         f"{escape(', '.join(row.flows))}[/] (OKE1071)")
+        about = self.query_one("#about", Static)
+        about.update(text)
+        about.display = bool(text)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_about()
 
     def selected_signal(self) -> str | None:
         table = self.query_one("#signals", DataTable)
@@ -134,3 +156,8 @@ class OverviewScreen(ConsoleScreen):
         field = self.query_one("#filter")
         if field.has_class("shown"):
             super().action_back()
+
+
+def split_once(row: Any) -> bool:
+    """A once signal bound to two or more flows by recent processes: they compete for its messages."""
+    return row.kind == "once" and len(row.flows) > 1

@@ -1,0 +1,77 @@
+"""`unbind`: retire one recorded binding and end its pending broadcast copies dead.
+
+Runs inside ONE write transaction given by `Store.write`: the binding's retirement, the copies'
+status change, their failure records (code "Unbound", replayable like any dead letter) and the
+audit row commit together. The status change is guarded (`status = 'pending'`, or `inflight`
+past its lease), so a copy a worker holds under a live lease is left to finish.
+"""
+from __future__ import annotations
+
+from sqlalchemy import Connection, and_, or_, select, update
+
+from ..store import queue_name, schema
+from ..store.base import lease_clock_ms
+from . import queries, registry
+from .records import UnknownFlow
+from .repair import MAX_AUDIT_IDS, default_actor, write_audit
+
+m = schema.messages
+b = schema.bindings
+UNBOUND = "Unbound"  # the failure code of a copy ended by `unbind`
+
+
+def retire(conn: Connection, signal: str, flow: str, *, actor: str | None,
+           reason: str | None) -> tuple[str, list[str]]:
+    """Retire (signal, flow) and end its copies: the binding's kind and the ids it ended, in seq order."""
+    kind = binding_kind(conn, signal, flow)
+    now = lease_clock_ms(conn)
+    registry.retire(conn, signal, flow, now)
+    ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
+    write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason),
+                count=len(ids), at=now)
+    return kind, ids
+
+
+def binding_kind(conn: Connection, signal: str, flow: str) -> str:
+    """The kind of the recorded (signal, flow) binding; UnknownSignal / UnknownFlow when there is none."""
+    queries.require_signal(conn, signal)
+    kind = conn.execute(select(b.c.kind).where(b.c.signal == signal, b.c.flow == flow)).scalar()
+    if kind is None:
+        known = [r[0] for r in conn.execute(select(b.c.flow).where(b.c.signal == signal).order_by(b.c.flow))]
+        raise UnknownFlow(signal, flow, known)
+    return str(kind)
+
+
+def end_copies(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None,
+               reason: str | None, now: int) -> list[str]:
+    """pending (or lease-expired inflight) copies of a broadcast flow → dead, each with a failure
+    record. A once signal's messages are shared by its flows: none is ended."""
+    if kind != "broadcast":
+        return []
+    ready = or_(m.c.status == "pending", and_(m.c.status == "inflight", m.c.lease_expires_at < now))
+    rows = conn.execute(update(m).where(m.c.signal == signal, m.c.queue == queue_name(signal, flow, kind), ready)
+                        .values(status="dead", finished_at=now, updated_at=now, locked_by=None,
+                                lease_expires_at=None)
+                        .returning(m.c.seq, m.c.id, m.c.attempts)).all()
+    if not rows:
+        return []
+    note = f'flow "{flow}" was unbound by {actor or default_actor()}' + (f": {reason}" if reason else "")
+    conn.execute(schema.failures.insert(), [{"message_id": r.id, "attempt": r.attempts, "code": UNBOUND,
+                                             "message": note, "at": now, "run_id": None, "kind": "failure"}
+                                            for r in rows])
+    return [r.id for r in sorted(rows, key=lambda r: r.seq)]
+
+
+def sweep(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None,
+          reason: str | None) -> list[str]:
+    """The copies an emitter enqueued from bindings it had read just before the retirement."""
+    now = lease_clock_ms(conn)
+    ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
+    if ids:
+        write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason),
+                    count=len(ids), at=now)
+    return ids
+
+
+def _audit_reason(flow: str, reason: str | None) -> str:
+    return f"flow {flow}: {reason}" if reason else f"flow {flow}"

@@ -1,0 +1,23 @@
+"""Upgrade steps for stores made by an older schema version (new tables come from create_all)."""
+from __future__ import annotations
+
+from sqlalchemy import Connection, inspect, text
+
+# table -> columns version 3 added (all nullable: older rows read as "never recorded")
+_V3_COLUMNS = {
+    "oke_bindings": {"last_seen": "BIGINT", "ttl_ms": "BIGINT", "retired_at": "BIGINT"},
+    "oke_signals": {"json_schema": "TEXT"},
+}
+
+
+def add_binding_activity(conn: Connection) -> None:
+    """2 -> 3: bindings' last_seen / ttl_ms / retired_at and signals' json_schema, added in place.
+
+    A binding recorded before has no last_seen: readers fall back to its updated_at (when it was
+    last recorded), which is what last_seen would have said."""
+    found = inspect(conn)
+    for table, columns in _V3_COLUMNS.items():
+        have = {c["name"] for c in found.get_columns(table)}
+        for name, sql_type in columns.items():
+            if name not in have:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
