@@ -265,7 +265,7 @@ async def test_80x24_folds_the_groups_and_wraps_failure_messages(sqlite_url):
         app.jump("dlq t.wordy")
         await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
                        and app.screen.query_one("#letters").row_count == 1)
-        await notice_shown(pilot, app, "1 groups, folded (g shows them)")
+        await notice_shown(pilot, app, "1 group, folded (g shows them)")
         await pilot.press("g")
         await wait_for(pilot, lambda: "RuntimeError" in screen_text(app) and "g folds" in screen_text(app))
         await pilot.press("enter")

@@ -138,7 +138,8 @@ class DetailScreen(ConsoleScreen):
                 if reason:
                     self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"], reason=reason)
 
-            self.app.push_screen(ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
+            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
+            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
                                  confirmed)
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)

@@ -21,7 +21,7 @@ SHORT_SCREEN = 30  # rows: below this the failure groups start folded (80×24 ke
 
 
 class DeadLettersScreen(ConsoleScreen):
-    ENTER_HINT = "Open (a group: filter by it)"
+    ENTER_HINT = "Open"  # on a failure group: filter the letters by it
     WRITE_ACTIONS = frozenset({"replay", "replay_all", "edit", "purge"})
     BINDINGS = [Binding("space", "tag", "Tag"), Binding("R", "replay", "Replay tagged"),
                 Binding("A", "replay_all", "Replay all matching"), Binding("e", "edit", "Edit & replay"),
@@ -72,7 +72,8 @@ class DeadLettersScreen(ConsoleScreen):
         groups = self.query_one("#groups", DataTable)
         self.query_one("#groups-title", Static).update(
             "Failures by code and message (enter filters by a group · g folds)" if groups.display
-            else f"Failures by code and message: {groups.row_count} groups, folded (g shows them)")
+            else f"Failures by code and message: {groups.row_count} group{'' if groups.row_count == 1 else 's'}, "
+                 "folded (g shows them)")
 
     def focus_main(self) -> None:
         self.query_one("#letters", DataTable).focus()
@@ -204,7 +205,8 @@ class DeadLettersScreen(ConsoleScreen):
                     self._watch(self.run_write("replay", ops.replay, self.signal, [letter.id],
                                                payload=result["payload"], reason=reason))
 
-            self.app.push_screen(ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?",
+            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
+            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?",
                                                "Replay 1"), confirmed)
 
         self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)

@@ -57,7 +57,6 @@ def help_table(screen: Screen[Any]) -> Table:
     for key in screen_keys(screen):
         table.add_row(key.display, key.description)
     table.add_row(MOVES, "move the cursor, scroll")
-    table.add_row("ctrl+p", "command palette: every action by name")
     return table
 
 
