@@ -11,8 +11,11 @@ from typing import Awaitable, Callable, Iterable
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.suggester import SuggestFromList
 
-from .data import StoreAdapter
+from engine import ops
+
+from .data import StoreAdapter, StoreDown
 from .screens.audit import AuditScreen
 from .screens.detail import DetailScreen
 from .screens.dlq import DeadLettersScreen
@@ -23,6 +26,9 @@ from .screens.tail import TailScreen
 from .screens.trace import TraceScreen
 
 JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · signals"
+STATUSES = ("pending", "inflight", "delivered", "dead")
+SIGNAL_VERBS = {"dlq": "queue", "failures": "queue", "messages": "queue", "msgs": "queue", "m": "queue",
+                "tail": "live"}  # what kind of signal each verb needs
 
 
 class ConsoleApp(App[None]):
@@ -34,9 +40,10 @@ class ConsoleApp(App[None]):
     def __init__(self, database_url: str | None = None, read_only: bool = False, *, refresh_s: float = 1.0,
                  tail_url: str | None = None, tail_token: str | None = None,
                  embedded: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None,
-                 exit_after_s: float | None = None) -> None:
+                 exit_after_s: float | None = None, actor: str | None = None) -> None:
         """`embedded` is a (start, stop) pair run inside the app's loop (the demo's engine);
-        `exit_after_s` quits after that many seconds (scripted demo runs)."""
+        `exit_after_s` quits after that many seconds (scripted demo runs); `actor` is who the
+        audit log names for every write (default: the OS user)."""
         super().__init__()
         self.embedded = embedded
         self.exit_after_s = exit_after_s
@@ -46,6 +53,8 @@ class ConsoleApp(App[None]):
         self.tail_url = tail_url
         self.tail_token = tail_token
         self.store_ok: bool | None = None
+        self.actor = actor
+        self.signal_kinds: dict[str, str] = {}  # name -> kind, as the overview last read them
 
     async def on_mount(self) -> None:
         self.sub_title = self.data.url + (" · read-only" if self.read_only else "")
@@ -84,13 +93,27 @@ class ConsoleApp(App[None]):
             self.pop_screen()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.screen))
+
+    def jump_choices(self) -> list[str]:
+        """What ':' completes: each verb with each signal it applies to, then the bare verbs."""
+        choices = []
+        for name, kind in sorted(self.signal_kinds.items()):
+            if kind == "live":
+                choices.append(f"tail {name}")
+            else:
+                choices += [f"dlq {name}", f"messages {name}"] + [f"messages {name} {s}" for s in STATUSES]
+        return choices + ["audit", "signals", "trace ", "show "]
 
     def action_jump(self) -> None:
-        self.push_screen(PromptScreen(f"Jump to: {JUMPS}", "dlq tasks.email"), self.jump)
+        self.push_screen(PromptScreen(f"Jump to: {JUMPS} (→ completes)", "dlq tasks.email",
+                                      suggester=SuggestFromList(self.jump_choices(), case_sensitive=False)),
+                         # once the prompt is gone: a notice raised while it is up would go with it
+                         lambda text: self.call_after_refresh(self.jump, text))
 
     def jump(self, text: str | None) -> None:
-        """Follow a ':' command such as `dlq tasks.email` or `tail order-status`."""
+        """Follow a ':' command such as `dlq tasks.email` or `tail order-status`; a signal name is
+        checked against the store first (an unknown one is named, with the known ones)."""
         if not text:
             return
         try:
@@ -101,13 +124,46 @@ class ConsoleApp(App[None]):
         if not words:
             return
         verb, args = words[0].lower(), words[1:]
+        if verb in SIGNAL_VERBS and args:
+            self.run_worker(self._checked_jump(text, verb, args), group="jump", exit_on_error=False)
+            return
+        self._go(text, verb, args)
+
+    async def _checked_jump(self, text: str, verb: str, args: list[str]) -> None:
+        if args[0] not in self.signal_kinds:
+            try:
+                self.signal_kinds.update({s.signal: s.kind for s in await self.data.call(ops.stats)})
+            except StoreDown as down:
+                self.notify(f"cannot check {args[0]!r}: store unreachable ({down})", severity="error")
+                return
+        if self.refuse_signal(args[0], SIGNAL_VERBS[verb]):
+            return
+        self._go(text, verb, args)
+
+    def refuse_signal(self, name: str, need: str) -> bool:
+        """True (and a notice) when `name` is not a known signal of the kind a screen needs:
+        "live" for a tail, "queue" (once or broadcast) for messages and dead letters."""
+        kind = self.signal_kinds.get(name)
+        if kind is None:
+            known = ", ".join(sorted(self.signal_kinds)) or "none yet"
+            self.notify(f"unknown signal {name!r} (signals: {known})", severity="error")
+            return True
+        if need == "live" and kind != "live":
+            self.notify(f"{name} is a {kind} signal: only live signals have a tape to tail", severity="warning")
+            return True
+        if need == "queue" and kind == "live":
+            self.notify(f"{name} is a live tape: it has no messages or dead letters (tail it)", severity="warning")
+            return True
+        return False
+
+    def _go(self, text: str, verb: str, args: list[str]) -> None:
         one = {"dlq": self.open_dlq, "tail": self.open_tail, "trace": self.open_trace, "show": self.open_detail,
                "failures": self.open_dlq}
         if verb in one and len(args) == 1:
             one[verb](args[0])
         elif verb in ("messages", "msgs", "m") and 1 <= len(args) <= 2:
             status = args[1] if len(args) == 2 else None
-            if status not in (None, "pending", "inflight", "delivered", "dead"):
+            if status not in (None, *STATUSES):
                 self.notify(f"unknown status {status!r}", severity="error")
                 return
             self.open_messages(args[0], status)

@@ -225,7 +225,7 @@ def root(
     ctx.obj = State(db=resolve_url(db), read_only=read_only, actor=actor)
     if ctx.invoked_subcommand is None:
         from .cli_run import run_tui
-        run_tui(ctx.obj.db, read_only)
+        run_tui(ctx.obj.db, read_only, actor=actor)
 
 
 # -- reads --------------------------------------------------------------------------------------

@@ -49,12 +49,13 @@ def _check_port(host: str, port: int) -> None:
     fail(2, f"--host: cannot listen on {host!r}:{port}: {getattr(err, 'strerror', None) or err}")
 
 
-def run_tui(database_url: str, read_only: bool, tail_url: str | None = None, tail_token: str | None = None) -> None:
+def run_tui(database_url: str, read_only: bool, tail_url: str | None = None, tail_token: str | None = None,
+            actor: str | None = None) -> None:
     from .app import ConsoleApp
     from .cli import _check_sqlite_file
 
     _check_sqlite_file(database_url)
-    ConsoleApp(database_url, read_only=read_only, tail_url=tail_url, tail_token=tail_token).run()
+    ConsoleApp(database_url, read_only=read_only, tail_url=tail_url, tail_token=tail_token, actor=actor).run()
 
 
 @app.command()
@@ -92,7 +93,7 @@ def demo(
                 await runner_box["demo"].stop()
 
         ConsoleApp(state.db, read_only=state.read_only, tail_url=f"http://127.0.0.1:{port}",
-                   tail_token="demo-token", embedded=(start, stop), exit_after_s=seconds).run()
+                   tail_token="demo-token", embedded=(start, stop), exit_after_s=seconds, actor=state.actor).run()
     except KeyboardInterrupt:
         pass
     except (StoreUnavailable, SchemaTooNew) as err:

@@ -41,12 +41,15 @@ def clock(at_ms: int | None) -> str:
 
 
 def sparkline(values: list[float], width: int = 16) -> str:
-    """Unicode block sparkline of the last `width` values (empty values draw as spaces)."""
+    """Unicode block sparkline of the newest `width` values, always `width` wide: the newest
+    sample is the rightmost cell, missing older samples are spaces on the left."""
     tail = values[-width:]
     top = max(tail, default=0)
     if top <= 0:
-        return "▁" * len(tail)
-    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in tail)
+        bars = "▁" * len(tail)
+    else:
+        bars = "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in tail)
+    return bars.rjust(width)
 
 
 def short(text: str | None, width: int) -> str:

@@ -1,6 +1,6 @@
 """Regenerate the console screenshots (SVG) from the real app over a fresh demo store.
 
-    python screenshots/make.py            # writes screenshots/*.svg
+    python screenshots/make.py            # writes screenshots/*.svg (200×50) and screenshots/80x24/*.svg
 
 It runs the bundled demo on a temporary SQLite store (workers, HTTP and traffic
 with failures) and, while it runs, drives `ConsoleApp` with Pilot through every
@@ -22,7 +22,7 @@ from textual.css.query import NoMatches  # noqa: E402
 from okconsole.app import ConsoleApp  # noqa: E402
 from okconsole.demo import DemoRunner  # noqa: E402
 
-SIZE = (150, 42)
+SIZES = {(200, 50): HERE, (80, 24): HERE / "80x24"}  # a wide terminal and the smallest we promise
 
 
 def free_port() -> int:
@@ -38,21 +38,22 @@ async def settle(pilot, predicate, timeout: float = 10.0) -> None:
         try:
             if predicate():
                 break
-        except NoMatches:
+        except (NoMatches, AttributeError):  # a checked jump lands a moment later
             pass
         await pilot.pause(0.1)
     await pilot.pause(0.3)
 
 
-async def shoot(url: str, out: Path) -> list[str]:
+async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
     saved: list[str] = []
+    out.mkdir(exist_ok=True)
     app = ConsoleApp(url, refresh_s=0.5)
 
     def save(name: str) -> None:
         app.save_screenshot(f"{name}.svg", str(out))
         saved.append(name)
 
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=size) as pilot:
         await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
         await pilot.pause(2.5)  # a few refreshes: rates and sparklines
         save("overview")
@@ -66,6 +67,8 @@ async def shoot(url: str, out: Path) -> list[str]:
         save("dead-letters")
         await pilot.press("R")
         await pilot.pause(0.3)
+        await pilot.press(*"smtp relay fixed")
+        await pilot.pause(0.2)
         save("replay-confirm")
         await pilot.press("escape")
         await pilot.press("enter")
@@ -93,10 +96,12 @@ async def main() -> None:
         await demo.start()
         try:
             await asyncio.sleep(6)  # some history first, then shoot while traffic flows
-            saved = await shoot(url, HERE)
+            saved = []
+            for size, out in SIZES.items():
+                saved += [f"{out.relative_to(HERE.parent)}/{n}.svg" for n in await shoot(url, out, size)]
         finally:
             await demo.stop()
-    print("wrote", ", ".join(f"screenshots/{n}.svg" for n in saved))
+    print("wrote", ", ".join(saved))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from okconsole.screens.messages import MessagesScreen
 from okconsole.screens.overview import OverviewScreen
 from okconsole.screens.tail import TailScreen
 from okconsole.screens.trace import TraceScreen
+from screenkit import screen_text
 
 SIZE = (160, 48)
 TESTS = Path(__file__).resolve().parent
@@ -86,10 +87,10 @@ async def test_dead_letter_story_trace_and_replay_delivered_by_another_process(d
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen.detail is not None)
         detail = app.screen.detail
         assert detail.status == "dead" and detail.attempts == 2
-        failures = app.screen.query_one("#failures")
-        assert failures.row_count == 2
-        assert cell(failures, "0", "attempt") == "2"  # newest first
-        assert "REFUSED" in cell(failures, "0", "code")
+        await wait_for(pilot, lambda: "attempt 2 · REFUSED" in screen_text(app))
+        shown = screen_text(app)
+        assert shown.index("attempt 2 · REFUSED") < shown.index("attempt 1 · REFUSED")  # newest first
+        assert "refused the message" in shown
         await pilot.press("t")
         await wait_for(pilot, lambda: isinstance(app.screen, TraceScreen) and app.screen.rendered is not None)
         root = app.screen.rendered
@@ -97,11 +98,13 @@ async def test_dead_letter_story_trace_and_replay_delivered_by_another_process(d
         assert any(m.id == detail.id for m in root.messages)
         await pilot.press("escape", "escape")
         await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen))
-        # tag both and replay: the confirmation names the count; Enter alone would cancel
+        # tag both and replay: the confirmation names the count; Enter without a reason does nothing
         await pilot.press("space", "space", "R")
-        await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen")
-        assert "Replay 2 dead letters" in str(app.screen.query_one("#question").render())
-        await pilot.press("y")
+        await wait_for(pilot, lambda: "Replay 2 dead letters" in screen_text(app))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "a reason is required" in screen_text(app))
+        assert type(app.screen).__name__ == "ConfirmScreen"
+        await pilot.press(*"smtp fixed", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
                        and app.screen.query_one("#letters").row_count == 0)
     # a second process's worker delivers the replayed messages (they fail again: retries 1 → dead)
@@ -117,7 +120,7 @@ async def test_dead_letter_story_trace_and_replay_delivered_by_another_process(d
         entries = await ops.audit(store)
     finally:
         await store.close()
-    assert entries[0].action == "replay" and entries[0].count == 2
+    assert entries[0].action == "replay" and entries[0].count == 2 and entries[0].reason == "smtp fixed"
 
 
 async def test_edited_payload_replay_is_delivered(db_url):
@@ -132,6 +135,9 @@ async def test_edited_payload_replay_is_delivered(db_url):
         editor = app.screen.query_one("#payload-editor")
         editor.text = '{"to": "user0@bounce.test", "n": 0, "fixed": true}'
         await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "why (recorded in the audit log)" in screen_text(app)
+                       and "edited" in screen_text(app))  # "Replay … with the edited payload?" (wraps)
+        await pilot.press(*"address fixed", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
                        and app.screen.query_one("#letters").row_count == 0)
     declare_app = oke("shop", database_url=db_url)
@@ -237,7 +243,7 @@ async def test_jump_help_and_palette(sqlite_url):
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, OverviewScreen))
         commands = [c.title for c in app.get_system_commands(app.screen)]
-        assert {"Audit log", "Jump…", "Dead letters", "Tail"} <= set(commands)
+        assert {"Audit log", "Jump…", "Dead letters & failures", "Tail"} <= set(commands)
 
 
 async def test_dead_letters_beyond_one_page_show_the_exact_total(sqlite_url):

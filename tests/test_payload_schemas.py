@@ -137,6 +137,8 @@ async def _edit(app: ConsoleApp, pilot: Any, signal_name: str, text: str) -> Non
     await wait_for(pilot, lambda: type(app.screen).__name__ == "EditPayloadScreen")
     app.screen.query_one("#payload-editor").text = text
     await pilot.press("ctrl+s")
+    await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen")  # every write asks a reason
+    await pilot.press(*"fixed payload", "enter")
 
 
 async def test_tui_edit_is_refused_by_the_recorded_schema_or_noticed_without_one(db_url):

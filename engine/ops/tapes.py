@@ -20,6 +20,7 @@ class TapeInfo:
     first_id: str | None
     retained: int
     pruned_through: int
+    head: int = 0  # events ever appended in this epoch: a rate comes from it, not from `retained`
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ async def tape_info(store: Store, signal: str) -> TapeInfo | None:
     return TapeInfo(signal, tape.epoch, tape.event_id(tape.head) if tape.head else None,
                     tape.event_id(tape.first_seq) if tape.first_seq is not None else None,
                     (tape.head - tape.first_seq + 1) if tape.first_seq is not None else 0,
-                    tape.pruned_through)
+                    tape.pruned_through, tape.head)
 
 
 async def tape_last(store: Store, signal: str, count: int) -> list[TapeEntry]:

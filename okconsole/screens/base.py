@@ -7,9 +7,10 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from ..data import StoreDown
+from ..widgets.keys import ConsoleFooter
 
 if TYPE_CHECKING:
     from ..app import ConsoleApp
@@ -33,6 +34,8 @@ class ConsoleScreen(Screen[None]):
     BINDINGS = [Binding("escape", "back", "Back"), Binding("r", "refresh", "Refresh"),
                 Binding("slash", "filter", "Filter")]
     TITLE_TEXT = ""
+    ENTER_HINT = ""  # what enter does here (the footer and `?` show it first)
+    WRITE_ACTIONS: frozenset[str] = frozenset()  # hidden and refused with --read-only
     filter_text = ""
 
     @property
@@ -40,10 +43,11 @@ class ConsoleScreen(Screen[None]):
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="status")
+        # until the store first answers (a server that accepts and never replies): say so
+        yield Static(f"[b]okconsole[/b] · connecting to {self.console.data.url}…", id="status")
         yield from self.body()
         yield Input(placeholder="filter (prefix ! inverts) — enter applies, esc clears", id="filter")
-        yield Footer()
+        yield ConsoleFooter()
 
     def body(self) -> ComposeResult:
         yield from ()
@@ -126,6 +130,10 @@ class ConsoleScreen(Screen[None]):
     def focus_main(self) -> None:
         """Give the keyboard back to the screen's main widget."""
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Writes do not exist in --read-only: not in the footer, not in `?`, not on their key."""
+        return not (self.console.read_only and action in self.WRITE_ACTIONS)
+
     def refuse_write(self) -> bool:
         """True (and a notice) when the console is read-only."""
         if self.console.read_only:
@@ -138,10 +146,11 @@ class ConsoleScreen(Screen[None]):
         self.notify(text, severity="warning", timeout=10)
 
     @work(group="write", exit_on_error=False)
-    async def run_write(self, label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run a store write through engine.ops and report the outcome."""
+    async def run_write(self, label: str, fn: Any, *args: Any, reason: str, **kwargs: Any) -> Any:
+        """Run a store write through engine.ops and report the outcome; the audit log records the
+        console's --actor (default: the OS user) and the reason the operator typed."""
         try:
-            result = await self.console.data.call(fn, *args, **kwargs)
+            result = await self.console.data.call(fn, *args, reason=reason, actor=self.console.actor, **kwargs)
         except StoreDown as down:
             self.notify(f"{label} failed: store unreachable ({down})", severity="error")
             return None

@@ -8,7 +8,8 @@ from rich.syntax import Syntax
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Static, Tree
+from rich.text import Text
+from textual.widgets import Static, Tree
 
 from engine import ops
 
@@ -19,6 +20,8 @@ from .trace_tree import fill_tree
 
 
 class DetailScreen(ConsoleScreen):
+    ENTER_HINT = "Open the message (trace pane)"
+    WRITE_ACTIONS = frozenset({"replay", "edit"})
     BINDINGS = [Binding("t", "trace", "Trace"), Binding("R", "replay", "Replay"),
                 Binding("e", "edit", "Edit & replay")]
 
@@ -36,10 +39,8 @@ class DetailScreen(ConsoleScreen):
             with Vertical(id="side"):
                 yield Static("", id="lease")
                 yield Static("Failures (newest first)", classes="pane-title")
-                failures: DataTable[Any] = DataTable(id="failures", cursor_type="row")
-                for key in ("attempt", "code", "message", "at"):
-                    failures.add_column(key.capitalize(), key=key)
-                yield failures
+                with VerticalScroll(id="failures"):
+                    yield Static("", id="failures-text")
                 yield Static("Trace", classes="pane-title")
                 yield Tree("runs", id="trace")
 
@@ -78,11 +79,7 @@ class DetailScreen(ConsoleScreen):
             lines.append(f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — "
                          f"the head of key {d.key!r}")
         self.query_one("#lease", Static).update("\n".join(lines))
-        table = self.query_one("#failures", DataTable)
-        table.clear()
-        for i, f in enumerate(reversed(d.failures)):
-            code = f"[b cyan]{f.code}[/]" if f.code == "replayed" else f"[b red]{f.code}[/]"
-            table.add_row(str(f.attempt), code, f.message, fmt.clock(f.at), key=str(i))
+        self.query_one("#failures-text", Static).update(failure_lines(d.failures))
         tree = self.query_one("#trace", Tree)
         fill_tree(tree, d.trace, highlight=d.id)
 
@@ -121,9 +118,9 @@ class DetailScreen(ConsoleScreen):
         if d is None:
             return
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.run_write("replay", ops.replay, d.signal, [d.id], reason="replayed from the console")
+        def confirmed(reason: str | None) -> None:
+            if reason:
+                self.run_write("replay", ops.replay, d.signal, [d.id], reason=reason)
 
         self.app.push_screen(ConfirmScreen(f"Replay 1 dead letter of {d.signal} ({d.id})?", "Replay 1"),
                              confirmed)
@@ -134,8 +131,31 @@ class DetailScreen(ConsoleScreen):
             return
 
         def edited(result: Any) -> None:
-            if result is not None:
-                self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"],
-                               reason="replayed from the console with an edited payload", warn=self.warn)
+            if result is None:
+                return
+
+            def confirmed(reason: str | None) -> None:
+                if reason:
+                    self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"], reason=reason,
+                                   warn=self.warn)
+
+            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
+            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
+                                 confirmed)
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)
+
+
+def failure_lines(failures: list[Any]) -> Text:
+    """Every failure, newest first: `attempt N · CODE · when` over its message, which wraps by
+    words at any width (a table would cut it at 80 columns)."""
+    text = Text()
+    for f in reversed(failures):
+        style = "b cyan" if f.code == "replayed" else "b red"
+        if text:
+            text.append("\n")
+        text.append(f"attempt {f.attempt} · ", "dim")
+        text.append(f.code, style)
+        text.append(f" · {fmt.clock(f.at)}\n", "dim")
+        text.append(f"  {f.message}\n" if f.message else "")
+    return text if text else Text("none", "dim")

@@ -17,10 +17,16 @@ from .modals import ConfirmScreen, EditPayloadScreen
 LIMIT = 200
 
 
+SHORT_SCREEN = 30  # rows: below this the failure groups start folded (80×24 keeps the letters)
+
+
 class DeadLettersScreen(ConsoleScreen):
+    ENTER_HINT = "Open"  # on a failure group: filter the letters by it
+    WRITE_ACTIONS = frozenset({"replay", "replay_all", "edit", "purge"})
     BINDINGS = [Binding("space", "tag", "Tag"), Binding("R", "replay", "Replay tagged"),
                 Binding("A", "replay_all", "Replay all matching"), Binding("e", "edit", "Edit & replay"),
-                Binding("P", "purge", "Purge dead"), Binding("tab", "focus_next", "Switch pane", show=False)]
+                Binding("P", "purge", "Purge dead"), Binding("g", "groups", "Fold groups"),
+                Binding("tab", "focus_next", "Switch pane", show=False)]
 
     def __init__(self, signal: str) -> None:
         super().__init__()
@@ -32,12 +38,14 @@ class DeadLettersScreen(ConsoleScreen):
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
-        yield Static("Failures by code and message (enter filters by a group)", classes="pane-title")
+        yield Static("Failures by code and message (enter filters by a group · g folds)", classes="pane-title",
+                     id="groups-title")
         groups: DataTable[Any] = DataTable(id="groups", cursor_type="row")
         for key in ("count", "code", "message", "last"):
             groups.add_column(key.capitalize(), key=key)
         yield groups
-        yield Static("Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
+        yield Static("Dead letters (read-only)" if self.console.read_only else
+                     "Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
                      classes="pane-title")
         table: DataTable[Any] = DataTable(id="letters", cursor_type="row", zebra_stripes=True)
         for key, label in (("tag", " "), ("id", "Id"), ("key", "Key"), ("attempts", "Att."),
@@ -49,6 +57,23 @@ class DeadLettersScreen(ConsoleScreen):
         self.TITLE_TEXT = f"dead letters · {self.signal}"
         super().on_mount()
         self.query_one("#letters", DataTable).focus()
+        if self.app.size.height < SHORT_SCREEN:
+            self.action_groups()
+
+    def action_groups(self) -> None:
+        """Fold or unfold the failure groups pane (folded, the dead letters get its rows)."""
+        groups = self.query_one("#groups", DataTable)
+        groups.display = not groups.display
+        if not groups.display and groups.has_focus:
+            self.focus_main()
+        self.title_groups()
+
+    def title_groups(self) -> None:
+        groups = self.query_one("#groups", DataTable)
+        self.query_one("#groups-title", Static).update(
+            "Failures by code and message (enter filters by a group · g folds)" if groups.display
+            else f"Failures by code and message: {groups.row_count} group{'' if groups.row_count == 1 else 's'}, "
+                 "folded (g shows them)")
 
     def focus_main(self) -> None:
         self.query_one("#letters", DataTable).focus()
@@ -65,6 +90,7 @@ class DeadLettersScreen(ConsoleScreen):
         rows = [(f"{g.code}\x00{g.message}", [str(g.count), f"[b red]{g.code}[/]", fmt.short(g.message, 80),
                                                 fmt.ago(g.last_at)]) for g in groups]
         sync_rows(table, rows, ("count", "code", "message", "last"))
+        self.title_groups()
         self.render_letters()
 
     def render_letters(self) -> None:
@@ -130,10 +156,9 @@ class DeadLettersScreen(ConsoleScreen):
             return
         noun = "dead letter" if len(ids) == 1 else "dead letters"
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                worker = self.run_write("replay", ops.replay, self.signal, ids, reason="replayed from the console")
-                self._watch(worker)
+        def confirmed(reason: str | None) -> None:
+            if reason:
+                self._watch(self.run_write("replay", ops.replay, self.signal, ids, reason=reason))
 
         self.app.push_screen(ConfirmScreen(f"Replay {len(ids)} {noun} of {self.signal}?",
                                            f"Replay {len(ids)}"), confirmed)
@@ -152,14 +177,13 @@ class DeadLettersScreen(ConsoleScreen):
             self.notify("no dead letter matches the filter")
             return
 
-        def confirmed(yes: bool | None) -> None:
-            if not yes:
+        def confirmed(reason: str | None) -> None:
+            if not reason:
                 return
             if ids:
-                worker = self.run_write("replay", ops.replay, self.signal, ids, reason="replayed from the console")
+                worker = self.run_write("replay", ops.replay, self.signal, ids, reason=reason)
             else:
-                worker = self.run_write("replay", ops.replay, self.signal, all=True,
-                                        reason="replayed all from the console")
+                worker = self.run_write("replay", ops.replay, self.signal, all=True, reason=reason)
             self._watch(worker)
 
         self.app.push_screen(ConfirmScreen(question, "Replay"), confirmed)
@@ -173,10 +197,17 @@ class DeadLettersScreen(ConsoleScreen):
             return
 
         def edited(result: Any) -> None:
-            if result is not None:
-                worker = self.run_write("replay", ops.replay, self.signal, [letter.id], payload=result["payload"],
-                                        reason="replayed from the console with an edited payload", warn=self.warn)
-                self._watch(worker)
+            if result is None:
+                return
+
+            def confirmed(reason: str | None) -> None:
+                if reason:
+                    self._watch(self.run_write("replay", ops.replay, self.signal, [letter.id],
+                                               payload=result["payload"], reason=reason, warn=self.warn))
+
+            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
+            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?",
+                                               "Replay 1"), confirmed)
 
         self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)
 
@@ -184,9 +215,9 @@ class DeadLettersScreen(ConsoleScreen):
         if self.refuse_write():
             return
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.run_write("purge", ops.purge, self.signal, "dead", reason="purged from the console")
+        def confirmed(reason: str | None) -> None:
+            if reason:
+                self.run_write("purge", ops.purge, self.signal, "dead", reason=reason)
 
         self.app.push_screen(ConfirmScreen(f"Delete all {len(self.letters)}"
                                            f"{'+' if len(self.letters) >= LIMIT else ''} dead letters of "

@@ -21,6 +21,7 @@ STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "
 
 
 class MessagesScreen(ConsoleScreen):
+    ENTER_HINT = "Open"
     BINDINGS = [Binding("1", "status('1')", "All"), Binding("2", "status('2')", "Pending"),
                 Binding("3", "status('3')", "Inflight"), Binding("4", "status('4')", "Delivered"),
                 Binding("5", "status('5')", "Dead"), Binding("n", "next_page", "Next page"),

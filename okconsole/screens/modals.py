@@ -1,4 +1,4 @@
-"""Dialogs: confirm (Enter is the safe choice), prompt for a ':' jump, edit a payload, help."""
+"""Dialogs: confirm a write with its reason, prompt for a ':' jump or a path, edit a payload, help."""
 from __future__ import annotations
 
 import json
@@ -7,15 +7,20 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
+from textual.suggester import Suggester
 from textual.widgets import Button, Input, Label, Static, TextArea
 
+from ..widgets.keys import help_table
 
-class ConfirmScreen(ModalScreen[bool]):
-    """Asks before a write. Focus starts on Cancel, so Enter never destroys anything by accident."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("y", "confirm", "Yes", show=False),
-                Binding("n", "cancel", "No", show=False)]
+class ConfirmScreen(ModalScreen[str | None]):
+    """Asks before a write, and for the reason the audit log records; returns the reason, or None.
+
+    Enter never destroys by accident: with the reason empty it only says one is needed; typing a
+    reason and pressing Enter (or the button) is the deliberate act. Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, question: str, action_label: str = "Confirm") -> None:
         super().__init__()
@@ -25,21 +30,34 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.question, id="question")
+            yield Input(placeholder="why (recorded in the audit log)", id="reason")
+            yield Label("type a reason, enter confirms · esc cancels", id="reason-hint")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button(self.action_label, id="confirm", variant="error")
 
     def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
+        self.query_one("#reason", Input).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm")
+        if event.button.id == "confirm":
+            self.action_confirm()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.action_confirm()
 
     def action_confirm(self) -> None:
-        self.dismiss(True)
+        reason = self.query_one("#reason", Input).value.strip()
+        if not reason:
+            self.query_one("#reason-hint", Label).update("[b red]a reason is required[/] (esc cancels)")
+            self.query_one("#reason", Input).focus()
+            return
+        self.dismiss(reason)
 
     def action_cancel(self) -> None:
-        self.dismiss(False)
+        self.dismiss(None)
 
 
 class PromptScreen(ModalScreen[str | None]):
@@ -47,16 +65,19 @@ class PromptScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, label: str, placeholder: str = "", value: str = "") -> None:
+    def __init__(self, label: str, placeholder: str = "", value: str = "",
+                 suggester: Suggester | None = None) -> None:
         super().__init__()
         self.label = label
         self.placeholder = placeholder
         self.value = value
+        self.suggester = suggester
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.label)
-            yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input")
+            yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input",
+                        suggester=self.suggester)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
@@ -104,48 +125,23 @@ class EditPayloadScreen(ModalScreen[Any]):
         self.dismiss(None)
 
 
-HELP = """\
-[b]okconsole[/b] — the operator console of okengine
-
-[b]Anywhere[/b]
-  ?  f1        this help                 :        jump: dlq S · tail S · trace RUN · show ID · messages S · audit
-  esc          back                      ctrl+p   command palette (every action)
-  r            refresh now               q        quit
-
-[b]Signals[/b]
-  enter        messages of the signal    d        its dead letters
-  f            failures grouped          t        tail a live tape
-  /            filter (prefix ! inverts)
-
-[b]Messages[/b]
-  1..5         all · pending · inflight · delivered · dead
-  n / p        next / previous page      s        sort by the column under the cursor
-  enter        the message               /        filter the page (! inverts)
-
-[b]Message[/b]
-  t            its trace                 R        replay it (dead only)
-  e            edit payload and replay
-
-[b]Dead letters[/b]
-  space        tag / untag               R        replay tagged (or the row)
-  A            replay all matching the filter
-  e            edit payload and replay   P        purge dead letters
-
-[b]Tail[/b]
-  end          follow again (sticky bottom); scrolling up pauses with an "N new" badge
-
---read-only disables every write.
-"""
-
-
 class HelpScreen(ModalScreen[None]):
+    """Every key of the screen underneath, read from its bindings (widgets/keys.py)."""
+
     BINDINGS = [Binding("escape", "close", "Close"), Binding("question_mark", "close", show=False),
                 Binding("f1", "close", show=False), Binding("q", "close", show=False)]
 
+    def __init__(self, under: Screen[Any]) -> None:
+        super().__init__()
+        self.under = under
+
     def compose(self) -> ComposeResult:
+        title = getattr(self.under, "TITLE_TEXT", "") or "this screen"
         with Vertical(id="dialog"):
             with VerticalScroll(id="help-text"):
-                yield Static(HELP)
+                yield Static(f"[b]Keys · {title}[/b]")
+                yield Static(help_table(self.under))
+                yield Static("esc closes · --read-only hides every write")
 
     def action_close(self) -> None:
         self.dismiss(None)

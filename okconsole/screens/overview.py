@@ -25,8 +25,8 @@ HISTORY = 32
 
 class OverviewScreen(ConsoleScreen):
     TITLE_TEXT = "signals"
-    BINDINGS = [Binding("enter", "open", "Messages", show=False), Binding("d", "dlq", "Dead letters"),
-                Binding("f", "failures", "Failures"), Binding("t", "tail", "Tail"),
+    ENTER_HINT = "Open"  # a once/broadcast signal's messages, a live signal's tail
+    BINDINGS = [Binding("d", "dlq", "Dead letters & failures"), Binding("t", "tail", "Tail"),
                 Binding("a", "audit", "Audit log")]
 
     def __init__(self) -> None:
@@ -50,13 +50,17 @@ class OverviewScreen(ConsoleScreen):
     async def load(self) -> None:
         stats = await self.console.data.call(ops.stats)
         retained: dict[str, int] = {}
+        heads: dict[str, int] = {}
         for row in stats:
             if row.kind == "live":
                 info = await self.console.data.call(tapes.tape_info, row.signal)
                 retained[row.signal] = info.retained if info else 0
-        self.render_rows(stats, retained)
+                heads[row.signal] = info.head if info else 0
+        self.render_rows(stats, retained, heads)
 
-    def render_rows(self, stats: list[Any], retained: dict[str, int]) -> None:
+    def render_rows(self, stats: list[Any], retained: dict[str, int], heads: dict[str, int] | None = None) -> None:
+        """`heads`: each live tape's head seq; its rate counts appended events (the retained count
+        stops growing at the retention cap)."""
         table = self.query_one("#signals", DataTable)
         keep = text_filter(self.filter_text) if self.filter_text else None
         now = time.monotonic()
@@ -64,9 +68,10 @@ class OverviewScreen(ConsoleScreen):
         for row in stats:
             self.kinds[row.signal] = row.kind
             self.rows[row.signal] = row
+            self.console.signal_kinds[row.signal] = row.kind
             done = row.delivered + row.dead
             if row.kind == "live":
-                done = retained.get(row.signal, 0)
+                done = (heads or {}).get(row.signal, 0)
             before = self.previous.get(row.signal)
             rate = 0.0
             if before is not None and now > before[0]:
@@ -136,17 +141,12 @@ class OverviewScreen(ConsoleScreen):
 
     def action_dlq(self) -> None:
         name = self.selected_signal()
-        if name is not None:
-            self.console.open_dlq(name)
-
-    def action_failures(self) -> None:
-        name = self.selected_signal()
-        if name is not None:
+        if name is not None and not self.console.refuse_signal(name, "queue"):
             self.console.open_dlq(name)
 
     def action_tail(self) -> None:
         name = self.selected_signal()
-        if name is not None:
+        if name is not None and not self.console.refuse_signal(name, "live"):
             self.console.open_tail(name)
 
     def action_audit(self) -> None:

@@ -1,26 +1,47 @@
-"""Tail a live tape: from the store or over SSE; sticky bottom, 'N new' badge, resume, gap notice."""
+"""Tail a live tape: from the store or over SSE; the last 10 events first, then every new one;
+sticky bottom, pause, an 'N new' badge, wrap and timestamp toggles, save to a file, resume, gaps."""
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Log, Static
+from textual.widgets import RichLog, Static
 
-from engine.client import Client, LiveResumeGap
+from engine.client import Client, ClientError, LiveResumeGap
 from engine.ops import tapes
 
+from .. import fmt
 from ..data import StoreDown
 from .base import ConsoleScreen
+from .modals import PromptScreen
 
-BACKLOG = 10
+BACKLOG = 10  # like `okconsole tail`: the last 10 retained events, then follow
+KEEP = 10_000  # lines kept on screen (and saved); older ones scroll away
 STORE_POLL_S = 0.25
 
 
+@dataclass(frozen=True)
+class TailLine:
+    id: str
+    data: Any
+    at_ms: int  # when the event was appended (from the store) or received (over SSE)
+
+    def text(self, stamps: bool) -> str:
+        line = f"{self.id}  {json.dumps(self.data, ensure_ascii=False)}"
+        return f"{fmt.clock(self.at_ms)}  {line}" if stamps else line
+
+
 class TailScreen(ConsoleScreen):
-    BINDINGS = [Binding("end", "follow", "Follow", priority=True), Binding("c", "clear", "Clear")]
+    BINDINGS = [Binding("end", "follow", "Follow", priority=True), Binding("p", "pause", "Pause/follow"),
+                Binding("w", "wrap", "Wrap"), Binding("t", "stamps", "Timestamps"),
+                Binding("s", "save", "Save"), Binding("c", "clear", "Clear")]
 
     def __init__(self, signal: str, url: str | None = None, token: str | None = None) -> None:
         super().__init__()
@@ -31,24 +52,29 @@ class TailScreen(ConsoleScreen):
         self.unseen = 0
         self.received = 0
         self.store_down = False
-        self.following = True  # sticky bottom until the operator scrolls up
+        self.following = True  # sticky bottom until the operator scrolls up or pauses
+        self.lines: list[TailLine] = []
+        self.stamps = False
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
         yield Static("", id="notice")
-        log = Log(id="tail-log", highlight=True, auto_scroll=False)
-        yield log
-        yield Static("", id="badge")
+        yield RichLog(id="tail-log", highlight=True, auto_scroll=False, wrap=False, markup=False)
+        yield Static("", id="badge")  # in the flow above the footer (docked, the footer covered it)
 
     def on_mount(self) -> None:
         self.TITLE_TEXT = f"tail · {self.signal}"
         super().on_mount()
         self.update_title()
-        self.watch(self.query_one("#tail-log", Log), "scroll_y", self._scrolled, init=False)
+        self.watch(self.log_widget, "scroll_y", self._scrolled, init=False)
         self.run_worker(self.follow_sse() if self.url else self.follow_store(), group="tail", exit_on_error=False)
 
+    @property
+    def log_widget(self) -> RichLog:
+        return self.query_one("#tail-log", RichLog)
+
     def focus_main(self) -> None:
-        self.query_one("#tail-log", Log).focus()
+        self.log_widget.focus()
 
     async def load(self) -> None:
         """The tail has its own loop; refresh only checks the store is reachable."""
@@ -57,41 +83,98 @@ class TailScreen(ConsoleScreen):
 
     def update_title(self) -> None:
         source = f"SSE {self.url}" if self.url else "store"
+        state = "following" if self.following else "[b yellow]paused[/]"
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {source} · {self.received} events · cursor {self.cursor or '—'}")
+            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events · cursor {self.cursor or '—'}")
 
     def notice(self, text: str) -> None:
         widget = self.query_one("#notice", Static)
         widget.update(text)
         widget.set_class(bool(text), "shown")
 
-    def append(self, event_id: str, data: Any) -> None:
-        log = self.query_one("#tail-log", Log)
-        log.write_line(f"{event_id}  {json.dumps(data, ensure_ascii=False)}")
+    def append(self, event_id: str, data: Any, at_ms: int | None = None) -> None:
+        line = TailLine(event_id, data, at_ms if at_ms is not None else fmt.now_ms())
+        self.lines.append(line)
+        if len(self.lines) > KEEP:
+            del self.lines[: len(self.lines) - KEEP]
+        log = self.log_widget
+        log.write(Text(line.text(self.stamps)))
         self.cursor = event_id
         self.received += 1
         if self.following:
             log.scroll_end(animate=False)
         else:
             self.unseen += 1
-            badge = self.query_one("#badge", Static)
-            badge.update(f"▼ {self.unseen} new — press End to follow")
-            badge.set_class(True, "shown")
+            self.show_badge()
         self.update_title()
+
+    def show_badge(self) -> None:
+        badge = self.query_one("#badge", Static)
+        badge.update(f"▼ {self.unseen} new — paused; press End (or p) to follow")
+        badge.set_class(True, "shown")
 
     def _scrolled(self, old: float, new: float) -> None:
         """Scrolling up (keys, mouse, anything) pauses the tail; new lines count on a badge."""
-        if new < old:
+        if new < old and self.following:
             self.following = False
+            self.update_title()
 
     def action_follow(self) -> None:
-        self.query_one("#tail-log", Log).scroll_end(animate=False)
+        self.log_widget.scroll_end(animate=False)
         self.following = True
         self.unseen = 0
         self.query_one("#badge", Static).set_class(False, "shown")
+        self.update_title()
+
+    def action_pause(self) -> None:
+        if not self.following:
+            self.action_follow()
+            return
+        self.following = False
+        self.show_badge()
+        self.update_title()
+
+    def redraw(self) -> None:
+        """Write every kept line again (after a wrap or timestamp toggle), keeping the follow state."""
+        log = self.log_widget
+        log.clear()
+        for line in self.lines:
+            log.write(Text(line.text(self.stamps)))
+        if self.following:
+            log.scroll_end(animate=False)
+
+    def action_wrap(self) -> None:
+        self.log_widget.wrap = not self.log_widget.wrap
+        self.redraw()
+        self.notify(f"wrap {'on' if self.log_widget.wrap else 'off'}")
+
+    def action_stamps(self) -> None:
+        self.stamps = not self.stamps
+        self.redraw()
 
     def action_clear(self) -> None:
-        self.query_one("#tail-log", Log).clear()
+        self.lines.clear()
+        self.log_widget.clear()
+
+    def action_save(self) -> None:
+        default = f"{self.signal}-tail-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+        self.app.push_screen(PromptScreen(f"Save the {len(self.lines)} lines of this tail to (enter saves, "
+                                          "esc cancels):", value=default),
+                             lambda path: self.call_after_refresh(self.save_to, path))
+
+    def save_to(self, path: str | None) -> None:
+        """Write the tail so far, as shown (`<id>  <json>`, timestamps if on), and say where."""
+        if not path:
+            return
+        target = Path(path).expanduser().resolve()
+        try:
+            if target.exists():
+                raise FileExistsError(f"{target} exists (choose another name)")
+            target.write_text("".join(line.text(self.stamps) + "\n" for line in self.lines), encoding="utf-8")
+        except OSError as err:
+            self.notify(f"not saved: {err}", severity="error")
+            return
+        self.notify(f"saved {len(self.lines)} lines to {target}")
 
     async def follow_store(self) -> None:
         data = self.console.data
@@ -99,11 +182,14 @@ class TailScreen(ConsoleScreen):
         while True:
             try:
                 if first:
+                    info = await data.call(tapes.tape_info, self.signal)
+                    if info is None:
+                        self.notice(f"[b]no live tape {self.signal!r}[/b] in this store (esc goes back)")
+                        return
                     for entry in await data.call(tapes.tape_last, self.signal, BACKLOG):
-                        self.append(entry.id, entry.data)
+                        self.append(entry.id, entry.data, entry.created_at)
                     if self.cursor is None:
-                        info = await data.call(tapes.tape_info, self.signal)
-                        self.cursor = info.head_id if info else None
+                        self.cursor = info.head_id
                     first = False
                     self.notice("")
                 entries, gap = await data.call(tapes.tape_after, self.signal, self.cursor)
@@ -117,7 +203,7 @@ class TailScreen(ConsoleScreen):
                     self.store_down = False
                     self.notice("")
                 for entry in entries:
-                    self.append(entry.id, entry.data)
+                    self.append(entry.id, entry.data, entry.created_at)
                 if entries:
                     continue
             except StoreDown as down:
@@ -127,15 +213,22 @@ class TailScreen(ConsoleScreen):
 
     async def follow_sse(self) -> None:
         client = Client(self.url or "", token=self.token)
+        tail: int | None = BACKLOG  # a fresh stream starts at the last 10, not the whole tape
         while True:
             try:
-                async for event in client.stream(self.signal, {}, last_event_id=self.cursor,
+                async for event in client.stream(self.signal, {}, last_event_id=self.cursor, tail=tail,
                                                  on_open=lambda: self.notice("")):
                     self.append(event.id, event.data)
             except LiveResumeGap as gap:
                 self.notice(f"[b]gap:[/b] {gap.after_id} cannot be resumed ({gap.reason}) — restarting from "
                             f"the oldest retained event {gap.first_id or '(tape empty)'}")
-                self.cursor = None
+                self.cursor, tail = None, None
+            except (ClientError, ValueError) as err:
+                if isinstance(err, ValueError) or err.status == 404:  # no such exposure: retrying cannot help
+                    self.notice(f"[b]no live tape {self.signal!r}[/b] at {self.url}: {err} (esc goes back)")
+                    return
+                self.notice(f"[b]stream error:[/b] {err} — retrying")
+                await asyncio.sleep(2)
             except Exception as err:  # server away, auth refused: say so and retry
                 self.notice(f"[b]stream error:[/b] {err} — retrying")
                 await asyncio.sleep(2)

@@ -14,6 +14,7 @@ from .trace_tree import fill_tree
 
 
 class TraceScreen(ConsoleScreen):
+    ENTER_HINT = "Open a message"
     BINDINGS = [Binding("m", "message", "Run's message")]
 
     def __init__(self, run_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Keep a DataTable in step with fresh rows without flicker."""
+"""Keep a DataTable in step with fresh rows without flicker, every number drawn in full."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -8,14 +8,18 @@ from textual.widgets import DataTable
 
 def sync_rows(table: DataTable[Any], rows: Sequence[tuple[str, Sequence[Any]]], columns: Sequence[str]) -> None:
     """Show `rows` (key, cells): update changed cells in place when the keys and their order are
-    unchanged (no flicker, cursor kept); otherwise rebuild and put the cursor back on its row."""
+    unchanged (no flicker, cursor kept); otherwise rebuild and put the cursor back on its row.
+
+    An in-place update widens its column when the new value is wider than what was first painted
+    (`update_width`): without it DataTable keeps the first width and cuts 12003 to `1200`, 11ms to
+    `11m`, silently. Text that must stay narrow is cropped with `…` by the screen (fmt.short)."""
     order = [key for key, _ in rows]
     current = [key.value for key in table.rows]
     if current == order:
         for key, cells in rows:
             for column, value in zip(columns, cells):
                 if table.get_cell(key, column) != value:
-                    table.update_cell(key, column, value)
+                    table.update_cell(key, column, value, update_width=True)
         return
     selected = current[table.cursor_row] if current and 0 <= table.cursor_row < len(current) else None
     table.clear()
