@@ -185,15 +185,17 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
 
 
 async def purge(store: Store, signal: str, status: str, older_than_ms: int | None = None, *,
-                actor: str | None = None, reason: str | None = None,
-                dry_run: bool = False) -> Purged | PurgePreview:
+                actor: str | None = None, reason: str | None = None, dry_run: bool = False,
+                ids: Iterable[str] | None = None) -> Purged | PurgePreview:
     """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
-    `older_than_ms` ago if given, with their failure and step rows: one transaction, audited."""
+    `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
+    one transaction, audited."""
+    id_list = None if ids is None else ([ids] if isinstance(ids, str) else list(dict.fromkeys(ids)))
     if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
                                       or older_than_ms < 0):
         raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
     if dry_run:
-        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms))
+        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
     actor = actor or default_actor()
     return await store.write(lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor,
-                                                       reason=reason))
+                                                       reason=reason, ids=id_list))
