@@ -13,14 +13,14 @@ from textual.widgets import DataTable, Static, Tree
 from engine import ops
 
 from .. import fmt
-from .base import ConsoleScreen
+from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen, EditPayloadScreen
 from .trace_tree import fill_tree
 
 
 class DetailScreen(ConsoleScreen):
     BINDINGS = [Binding("t", "trace", "Trace"), Binding("R", "replay", "Replay"),
-                Binding("e", "edit", "Edit & replay")]
+                Binding("e", "edit", "Edit & replay"), Binding("y", "copy_id", "Copy id")]
 
     def __init__(self, message_id: str) -> None:
         super().__init__()
@@ -54,14 +54,15 @@ class DetailScreen(ConsoleScreen):
             self.query_one("#title", Static).update(f"[b red]{err}[/]")
             return
         self.detail = detail
-        if detail != self.rendered:
+        if (detail, self.filter_text) != self.rendered:
             self.render_detail(detail)
-            self.rendered = detail
+            self.rendered = (detail, self.filter_text)
 
     def render_detail(self, d: Any) -> None:
         self.query_one("#title", Static).update(
             f"[b]{d.id}[/b] · {d.signal} · [b]{d.status}[/b] · attempts {d.attempts}/{d.retries + 1}"
-            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}")
+            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}"
+            + (f" · filter {self.filter_text!r}" if self.filter_text else ""))
         self.query_one("#payload-text", Static).update(
             Syntax(json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True,
                    background_color="default"))
@@ -80,11 +81,17 @@ class DetailScreen(ConsoleScreen):
         self.query_one("#lease", Static).update("\n".join(lines))
         table = self.query_one("#failures", DataTable)
         table.clear()
+        keep = text_filter(self.filter_text) if self.filter_text else None  # '/': failures and trace
         for i, f in enumerate(reversed(d.failures)):
+            if keep is not None and not keep(f"{f.attempt} {f.code} {f.message}"):
+                continue
             code = f"[b cyan]{f.code}[/]" if f.code == "replayed" else f"[b red]{f.code}[/]"
             table.add_row(str(f.attempt), code, f.message, fmt.clock(f.at), key=str(i))
         tree = self.query_one("#trace", Tree)
-        fill_tree(tree, d.trace, highlight=d.id)
+        fill_tree(tree, d.trace, highlight=d.id, keep=keep)
+
+    def action_copy_id(self) -> None:
+        self.copy_id(self.message_id)
 
     def _trace_root_run(self) -> str | None:
         d = self.detail
