@@ -27,6 +27,7 @@ class DetailScreen(ConsoleScreen):
         self.message_id = message_id
         self.detail: Any = None
         self.rendered: Any = None
+        self.rendered_filter = ""
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -54,9 +55,9 @@ class DetailScreen(ConsoleScreen):
             self.query_one("#title", Static).update(f"[b red]{err}[/]")
             return
         self.detail = detail
-        if (detail, self.filter_text) != self.rendered:
+        if detail != self.rendered or self.filter_text != self.rendered_filter:
             self.render_detail(detail)
-            self.rendered = (detail, self.filter_text)
+            self.rendered, self.rendered_filter = detail, self.filter_text
 
     def render_detail(self, d: Any) -> None:
         self.query_one("#title", Static).update(

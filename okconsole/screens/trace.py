@@ -20,6 +20,7 @@ class TraceScreen(ConsoleScreen):
         super().__init__()
         self.run_id = run_id
         self.rendered: Any = None
+        self.rendered_filter = ""
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -38,9 +39,9 @@ class TraceScreen(ConsoleScreen):
         except LookupError as err:
             self.query_one("#title", Static).update(f"[b red]{err}[/]")
             return
-        if (root, self.filter_text) == self.rendered:
+        if root == self.rendered and self.filter_text == self.rendered_filter:
             return
-        self.rendered = (root, self.filter_text)
+        self.rendered, self.rendered_filter = root, self.filter_text
         count = _count(root)
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#title", Static).update(
