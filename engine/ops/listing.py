@@ -32,8 +32,8 @@ from .records import STATUSES
 
 m = schema.messages
 f = schema.failures
-SCAN_BUDGET = 50_000  # index entries (or seqs) one window of a bounded walk reads
-PAGE_TIME_S = 0.12  # a bounded page reads windows while one more fits in this time
+SCAN_BUDGET = 25_000  # index entries (or seqs) one window of a bounded walk reads
+PAGE_TIME_S = 0.08  # a bounded page reads windows while one more fits in this time
 # The message columns a list can be sorted by (MessageRow fields, plus seq: emit order).
 SORTS: dict[str, Any] = {"seq": m.c.seq, "id": m.c.id, "status": m.c.status, "key": m.c.key,
                          "attempts": m.c.attempts, "locked_by": m.c.locked_by,
