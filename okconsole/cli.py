@@ -249,13 +249,17 @@ def messages(
     status: Optional[str] = typer.Option(None, "--status", metavar="S", help="pending | inflight | delivered | dead"),
     key: Optional[str] = typer.Option(None, "--key", metavar="K", help="Only messages with this key."),
     limit: int = typer.Option(50, "--limit", min=1, metavar="N", help="At most this many (newest first)."),
+    search: Optional[str] = typer.Option(None, "--search", metavar="TEXT",
+                                         help="Only messages whose payload, key or last failure contains TEXT "
+                                              "(case-insensitive), searched by the store over the whole signal."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Messages of SIGNAL, newest first."""
     if status is not None and status not in ops.STATUSES:
         fail(2, f'--status: unknown status "{status}" (one of: {", ".join(ops.STATUSES)})')
     limit = min(limit, MAX_LIMIT)
-    rows = run(state_of(ctx, db), lambda store: ops.messages(store, signal, status=status, key=key, limit=limit))
+    rows = run(state_of(ctx, db), lambda store: ops.messages(store, signal, status=status, key=key, limit=limit,
+                                                             search=search))
     if as_json:
         output.print_json(rows)
     else:

@@ -173,7 +173,7 @@ async def test_writes_ask_a_reason_and_record_the_actor(db_url):
                        and app.screen.query_one("#letters").row_count == 1)
         app.jump("audit")
         await wait_for(pilot, lambda: "smtp back up" in screen_text(app))
-        assert re.search(r"alice\s+replay\s+tasks\.email\s+1\s+smtp back up", screen_text(app))
+        assert re.search(r"alice\s+replay\s+tasks\.email\s+1\s+msg_\S+\s+smtp back up", screen_text(app))  # at, actor, action, signal, count, ids, reason
     [entry] = await read_audit(db_url)
     assert (entry.actor, entry.reason, entry.count) == ("alice", "smtp back up", 1)
 

@@ -36,7 +36,20 @@ def op_calls(store: Any) -> dict[str, Callable[[], Awaitable[Any]]]:
         "ops.dead_letters(200)": lambda: ops.dead_letters(store, DLQ_SIGNAL, DLQ_LIMIT),
         "ops.failures": lambda: ops.failures(store, DLQ_SIGNAL),
         "ops.message_page(50)": lambda: ops.message_page(store, DLQ_SIGNAL, None, None, 50),
+        **{name: (lambda kw=kw: ops.message_page(store, DLQ_SIGNAL, limit=50, **kw))
+           for name, kw in STORE_SORT_SEARCH.items()},
     }
+
+
+# Store-side sort and search of a message list (issue 12): a page of 50 over the whole signal.
+STORE_SORT_SEARCH: dict[str, dict[str, Any]] = {
+    "sort created_at ▲ (50)": {"sort": "created_at", "descending": False},
+    "sort attempts ▼ (50)": {"sort": "attempts"},
+    "sort key ▲ (50)": {"sort": "key", "descending": False},
+    "search 'mailbox unavailable' (50)": {"search": "mailbox unavailable"},  # last failures: rare hits
+    "search no match (one page)": {"search": "no such text anywhere"},  # worst case: a cut page
+    "sort attempts + search (50)": {"sort": "attempts", "search": "@example"},
+}
 
 
 def result_size(result: Any) -> int:

@@ -58,15 +58,38 @@ async def stats(store: Store) -> list[SignalStats]:
 
 
 async def message_page(store: Store, signal: str, status: str | None = None, key: str | None = None,
-                       limit: int = 50, before_seq: int | None = None) -> MessagePage:
-    """A page of `messages` plus the cursor of the next page (None on the last)."""
-    return await store.read(lambda conn: queries.message_page(conn, signal, status, key, limit, before_seq))
+                       limit: int = 50, before_seq: int | None = None, *, search: str | None = None,
+                       sort: str | None = None, descending: bool = True,
+                       cursor: str | None = None) -> MessagePage:
+    """A page of `messages` plus the cursor of the next page (None on the last).
+
+    `sort` orders by a MessageRow column (or "seq", emit order; the default) by value, over the
+    whole signal, `descending` or not (empty values last either way); `search` keeps messages
+    whose payload, key or last failure message contains it, case-insensitively. A searched page
+    reads a bounded stretch of the signal: it may hold fewer than `limit` rows with `cut` set and
+    a `next_cursor` that searches on. Pass `cursor=page.next_cursor` for the next page.
+    """
+    return await store.read(lambda conn: queries.message_page(conn, signal, status, key, limit, before_seq,
+                                                              search=search, sort=sort, descending=descending,
+                                                              cursor=cursor))
 
 
 async def messages(store: Store, signal: str, status: str | None = None, key: str | None = None,
-                   limit: int = 50, before_seq: int | None = None) -> list[MessageRow]:
-    """Messages of `signal`, newest first (paged by seq: rows strictly below `before_seq`)."""
-    return (await message_page(store, signal, status, key, limit, before_seq)).items
+                   limit: int = 50, before_seq: int | None = None, *,
+                   search: str | None = None) -> list[MessageRow]:
+    """Messages of `signal`, newest first (paged by seq: rows strictly below `before_seq`); with
+    `search`, up to `limit` matches from the whole signal (every searched page, walked in turn)."""
+    if not search:
+        return (await message_page(store, signal, status, key, limit, before_seq)).items
+    found: list[MessageRow] = []
+    cursor = None
+    while True:
+        page = await message_page(store, signal, status, key, limit - len(found), before_seq,
+                                  search=search, cursor=cursor)
+        found += page.items
+        before_seq, cursor = None, page.next_cursor
+        if cursor is None or len(found) >= limit:
+            return found
 
 
 async def show(store: Store, message_id: str) -> MessageDetail:
@@ -208,18 +231,20 @@ def _warn(text: str, warn: Callable[[str], None] | None) -> None:
 
 
 async def purge(store: Store, signal: str, status: str, older_than_ms: int | None = None, *,
-                actor: str | None = None, reason: str | None = None,
-                dry_run: bool = False) -> Purged | PurgePreview:
+                actor: str | None = None, reason: str | None = None, dry_run: bool = False,
+                ids: Iterable[str] | None = None) -> Purged | PurgePreview:
     """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
-    `older_than_ms` ago if given, with their failure and step rows: one transaction, audited."""
+    `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
+    one transaction, audited."""
+    id_list = None if ids is None else ([ids] if isinstance(ids, str) else list(dict.fromkeys(ids)))
     if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
                                       or older_than_ms < 0):
         raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
     if dry_run:
-        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms))
+        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
     actor = actor or default_actor()
     return await store.write(lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor,
-                                                       reason=reason))
+                                                       reason=reason, ids=id_list))
 
 
 async def unbind(store: Store, signal: str, flow: str, *, actor: str | None = None,

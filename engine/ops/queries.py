@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from sqlalchemy import Connection, and_, func, select, union_all
+from sqlalchemy import Connection, func, select
 
 from ..ids import now_ms
 from ..store import schema
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
-from . import registry, trace as trace_mod
+from . import listing, registry, trace as trace_mod
 from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, Failure, FailureGroup, Lease,
                       MessageDetail, MessagePage, MessageRow, SignalInfo, SignalStats, UnknownMessage,
                       UnknownSignal)
@@ -103,38 +103,41 @@ def check_status(status: str | None, allowed: tuple[str, ...] = STATUSES) -> Non
 
 
 def message_page(conn: Connection, signal: str, status: str | None = None, key: str | None = None,
-                 limit: int = 50, before_seq: int | None = None) -> MessagePage:
-    """Messages of `signal`, newest first, at most `limit`, strictly below `before_seq` if given."""
+                 limit: int = 50, before_seq: int | None = None, *, search: str | None = None,
+                 sort: str | None = None, descending: bool = True, cursor: str | None = None) -> MessagePage:
+    """Messages of `signal`, at most `limit`: newest first, or by `sort` (a MessageRow column or
+    "seq"), kept to those matching `search` when given (engine/ops/listing.py). The next page is
+    `cursor=page.next_cursor` (or, newest first, `before_seq=page.next_before_seq`)."""
     check_status(status)
     if limit < 1:
         raise ValueError(f"limit must be ≥ 1, got {limit}")
+    sort = sort or "seq"
+    listing.check_sort(sort)
+    start = listing.decode_cursor(cursor) if cursor is not None else None
     require_signal(conn, signal)
-    conds = [m.c.signal == signal]
+    if before_seq is not None and start is None:
+        if sort != "seq" or not descending:
+            raise ValueError("before_seq pages the newest-first list: pass cursor= for other orders")
+        start = listing.Position("seq", None, before_seq)
+    filters = []
     if status is not None:
-        conds.append(m.c.status == status)
+        filters.append(m.c.status == status)
     if key is not None:
-        conds.append(m.c.key == key)
-    if before_seq is not None:
-        conds.append(m.c.seq < before_seq)
-    cols = (m.c.seq, m.c.id, m.c.status, m.c.key, m.c.attempts, m.c.locked_by, m.c.lease_expires_at,
-            m.c.created_at, m.c.parent_run_id)
-    if status is None and key is None:
-        # No index orders a whole signal by seq: read the newest limit+1 of each status from
-        # (signal, status, seq) and merge, so a page costs O(limit), not O(messages of the signal).
-        parts = [select(*select(*cols).where(and_(*conds, m.c.status == st))
-                        .order_by(m.c.seq.desc()).limit(limit + 1).subquery().c) for st in STATUSES]
-        newest = union_all(*parts).subquery()
-        query = select(*newest.c).order_by(newest.c.seq.desc()).limit(limit + 1)
-    else:
-        query = select(*cols).where(and_(*conds)).order_by(m.c.seq.desc()).limit(limit + 1)
-    rows = conn.execute(query).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+        filters.append(m.c.key == key)
+    if search:
+        filters.append(listing.search_filter(search))
+    # A filter the order's index does not serve keeps an unknown share of what a page walks: bound
+    # the walk (a key's messages are few, and the key index finds them directly).
+    windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
+    walk = listing.Walk(conn, signal, filters, sort, descending, windowed)
+    rows, nxt, cut = walk.page(limit, start)
     items = [MessageRow(id=r.id, status=r.status, key=r.key, attempts=r.attempts, locked_by=r.locked_by,
                         lease_expires_at=r.lease_expires_at, created_at=r.created_at,
                         parent_run_id=r.parent_run_id) for r in rows]
-    return MessagePage(items=items, next_before_seq=rows[-1].seq if more else None,
-                       clock_ms=lease_clock_ms(conn))
+    newest_first = sort == "seq" and descending
+    return MessagePage(items=items, next_before_seq=nxt.seq if (nxt is not None and newest_first) else None,
+                       clock_ms=lease_clock_ms(conn), next_cursor=nxt.encode() if nxt is not None else None,
+                       cut=cut)
 
 
 def failures_of(conn: Connection, message_ids: list[str]) -> dict[str, list[Failure]]:

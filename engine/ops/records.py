@@ -154,11 +154,13 @@ class MessageRow:
 
 @dataclass(frozen=True)
 class MessagePage:
-    """One page of a message list, newest first; pass `next_before_seq` for the next page."""
+    """One page of a message list; pass `next_cursor` (newest first: or `next_before_seq`) for the next."""
 
     items: list[MessageRow]
     next_before_seq: int | None
     clock_ms: int | None = None  # "now" by the clock leases are judged by, read with the page
+    next_cursor: str | None = None  # None on the last page
+    cut: bool = False  # a search stopped at its scan budget: the next page searches on
 
 
 @dataclass(frozen=True)

@@ -226,18 +226,22 @@ def notify(conn: Connection, queues: Sequence[str]) -> None:
 
 
 # -- purge ----------------------------------------------------------------------------------------
-def _purge_conditions(signal: str, status: str, older_than_ms: int | None, now: int) -> list[Any]:
+def _purge_conditions(signal: str, status: str, older_than_ms: int | None, now: int,
+                      ids: Sequence[str] | None = None) -> list[Any]:
     if status not in FINISHABLE:
         raise ValueError(f'purge deletes finished messages: status must be "delivered" or "dead", '
                          f'not "{status}"')
     conds: list[Any] = [m.c.signal == signal, m.c.status == status]
+    if ids is not None:  # only these (named ones in another state or signal are left alone)
+        conds.append(m.c.id.in_(list(ids)))
     if older_than_ms is not None:
         conds.append(func.coalesce(m.c.finished_at, m.c.updated_at) <= now - older_than_ms)
     return conds
 
 
-def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int | None) -> PurgePreview:
-    conds = _purge_conditions(signal, status, older_than_ms, now_ms())
+def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int | None,
+                  ids: Sequence[str] | None = None) -> PurgePreview:
+    conds = _purge_conditions(signal, status, older_than_ms, now_ms(), ids)
     queries.require_signal(conn, signal)
     total = int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
     sample = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(SAMPLE))]
@@ -245,16 +249,16 @@ def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int
 
 
 def purge(conn: Connection, signal: str, status: str, older_than_ms: int | None, *, actor: str | None,
-          reason: str | None) -> Purged:
+          reason: str | None, ids: Sequence[str] | None = None) -> Purged:
     """Delete finished messages with their failure rows and step rows, and audit it, in one transaction.
 
     Runs stay (they are the trace history). The audit row's `ids` holds at most
     MAX_AUDIT_IDS of the deleted ids; its `count` is exact.
     """
     now = now_ms()
-    conds = _purge_conditions(signal, status, older_than_ms, now)
+    conds = _purge_conditions(signal, status, older_than_ms, now, ids)
     queries.require_signal(conn, signal)
-    ids: list[str] = []
+    deleted: list[str] = []
     count = 0
     while True:  # bounded batches, all inside this one transaction
         batch = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq)
@@ -268,7 +272,7 @@ def purge(conn: Connection, signal: str, status: str, older_than_ms: int | None,
             conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
             conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(chunk)))
         count += len(gone)
-        ids += gone[:MAX_AUDIT_IDS - len(ids)]
+        deleted += gone[:MAX_AUDIT_IDS - len(deleted)]
     if count:
-        write_audit(conn, "purge", actor, signal, ids, reason, count=count, at=now)
-    return Purged(purged=count, ids=ids)
+        write_audit(conn, "purge", actor, signal, deleted, reason, count=count, at=now)
+    return Purged(purged=count, ids=deleted)

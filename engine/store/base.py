@@ -101,6 +101,8 @@ def queue_name(signal: str, flow: str | None, kind: str) -> str:
 def ensure_schema(conn: Connection) -> None:
     """Create missing tables and indexes and record the schema version (idempotent)."""
     schema.metadata.create_all(conn, checkfirst=True)
+    for index in schema.SORT_INDEXES:  # create_all adds indexes with new tables only
+        index.create(conn, checkfirst=True)
     row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
     if row is None:
         counts.install(conn)

@@ -94,6 +94,24 @@ Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.s
       sqlite_where=text(_KEYED), postgresql_where=text(_KEYED))
 Index("oke_messages_parent", messages.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
 
+# The console's sorted lists (engine/ops/listing.py): one (signal, column, seq) index per sortable
+# column that no index above orders (status and key have theirs). Columns that are empty on most
+# rows (the lease of finished messages, the parent of root messages) index only their non-empty
+# rows. Added to existing stores by ensure_schema (IF NOT EXISTS), so no schema version step.
+_OWNED = "locked_by IS NOT NULL"
+_LEASED = "lease_expires_at IS NOT NULL"
+SORT_INDEXES = (
+    Index("oke_messages_signal_id", messages.c.signal, messages.c.id),
+    Index("oke_messages_signal_created", messages.c.signal, messages.c.created_at, messages.c.seq),
+    Index("oke_messages_signal_attempts", messages.c.signal, messages.c.attempts, messages.c.seq),
+    Index("oke_messages_signal_owner", messages.c.signal, messages.c.locked_by, messages.c.seq,
+          sqlite_where=text(_OWNED), postgresql_where=text(_OWNED)),
+    Index("oke_messages_signal_lease", messages.c.signal, messages.c.lease_expires_at, messages.c.seq,
+          sqlite_where=text(_LEASED), postgresql_where=text(_LEASED)),
+    Index("oke_messages_signal_parent", messages.c.signal, messages.c.parent_run_id, messages.c.seq,
+          sqlite_where=text(_CHILD), postgresql_where=text(_CHILD)),
+)
+
 # Messages per signal and status, kept by triggers (store/counts.py): the overview reads these,
 # not the messages. PostgreSQL's triggers append to count_deltas, folded into counts now and then.
 counts = Table(

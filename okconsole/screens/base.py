@@ -134,6 +134,14 @@ class ConsoleScreen(Screen[None]):
         """Writes do not exist in --read-only: not in the footer, not in `?`, not on their key."""
         return not (self.console.read_only and action in self.WRITE_ACTIONS)
 
+    def copy_id(self, value: str | None) -> None:
+        """`y`: put an id on the clipboard (OSC 52, through the terminal) and say which."""
+        if not value:
+            self.notify("nothing selected to copy", severity="warning")
+            return
+        self.app.copy_to_clipboard(value)
+        self.notify(f"copied {value}", title="clipboard")
+
     def refuse_write(self) -> bool:
         """True (and a notice) when the console is read-only."""
         if self.console.read_only:

@@ -14,7 +14,7 @@ from textual.widgets import Static, Tree
 from engine import ops
 
 from .. import fmt
-from .base import ConsoleScreen
+from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen, EditPayloadScreen
 from .trace_tree import fill_tree
 
@@ -23,13 +23,14 @@ class DetailScreen(ConsoleScreen):
     ENTER_HINT = "Open the message (trace pane)"
     WRITE_ACTIONS = frozenset({"replay", "edit"})
     BINDINGS = [Binding("t", "trace", "Trace"), Binding("R", "replay", "Replay"),
-                Binding("e", "edit", "Edit & replay")]
+                Binding("e", "edit", "Edit & replay"), Binding("y", "copy_id", "Copy id")]
 
     def __init__(self, message_id: str) -> None:
         super().__init__()
         self.message_id = message_id
         self.detail: Any = None
         self.rendered: Any = None
+        self.rendered_filter = ""
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -55,14 +56,15 @@ class DetailScreen(ConsoleScreen):
             self.query_one("#title", Static).update(f"[b red]{err}[/]")
             return
         self.detail = detail
-        if detail != self.rendered:
+        if detail != self.rendered or self.filter_text != self.rendered_filter:
             self.render_detail(detail)
-            self.rendered = detail
+            self.rendered, self.rendered_filter = detail, self.filter_text
 
     def render_detail(self, d: Any) -> None:
         self.query_one("#title", Static).update(
             f"[b]{d.id}[/b] · {d.signal} · [b]{d.status}[/b] · attempts {d.attempts}/{d.retries + 1}"
-            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}")
+            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}"
+            + (f" · filter {self.filter_text!r}" if self.filter_text else ""))
         self.query_one("#payload-text", Static).update(
             Syntax(json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True,
                    background_color="default"))
@@ -79,9 +81,14 @@ class DetailScreen(ConsoleScreen):
             lines.append(f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — "
                          f"the head of key {d.key!r}")
         self.query_one("#lease", Static).update("\n".join(lines))
-        self.query_one("#failures-text", Static).update(failure_lines(d.failures))
+        keep = text_filter(self.filter_text) if self.filter_text else None  # '/': failures and trace
+        shown = [f for f in d.failures if keep is None or keep(f"{f.attempt} {f.code} {f.message}")]
+        self.query_one("#failures-text", Static).update(failure_lines(shown))
         tree = self.query_one("#trace", Tree)
-        fill_tree(tree, d.trace, highlight=d.id)
+        fill_tree(tree, d.trace, highlight=d.id, keep=keep)
+
+    def action_copy_id(self) -> None:
+        self.copy_id(self.message_id)
 
     def _trace_root_run(self) -> str | None:
         d = self.detail

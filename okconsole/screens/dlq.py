@@ -26,6 +26,7 @@ class DeadLettersScreen(ConsoleScreen):
     BINDINGS = [Binding("space", "tag", "Tag"), Binding("R", "replay", "Replay tagged"),
                 Binding("A", "replay_all", "Replay all matching"), Binding("e", "edit", "Edit & replay"),
                 Binding("P", "purge", "Purge dead"), Binding("g", "groups", "Fold groups"),
+                Binding("y", "copy_id", "Copy id"),
                 Binding("tab", "focus_next", "Switch pane", show=False)]
 
     def __init__(self, signal: str) -> None:
@@ -211,17 +212,47 @@ class DeadLettersScreen(ConsoleScreen):
 
         self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)
 
+    def action_copy_id(self) -> None:
+        self.copy_id(self._cursor_id())
+
+    def _purge_selection(self) -> tuple[list[str] | None, str]:
+        """What P deletes: the tagged letters, else those the filter shows, else every dead letter
+        of the signal (ids None); and how the question names them."""
+        tagged = [i for i in self.shown if i in self.tagged]
+        if tagged:
+            return tagged, "tagged "
+        if self.filter_text:
+            return list(self.shown), f"matching {self.filter_text!r} "
+        return None, ""
+
     def action_purge(self) -> None:
         if self.refuse_write():
             return
+        ids, which = self._purge_selection()
+        if ids == []:
+            self.notify("no dead letter matches the filter")
+            return
+        self.run_worker(self._ask_purge(ids, which), group="purge", exit_on_error=False)
+
+    async def _ask_purge(self, ids: list[str] | None, which: str) -> None:
+        """Ask with the exact count the store would delete now (a dry run), then purge those."""
+        try:
+            preview = await self.console.data.call(ops.purge, self.signal, "dead", dry_run=True, ids=ids)
+        except Exception as err:  # the store away, or the signal gone
+            self.notify(f"purge failed: {err}", severity="error")
+            return
+        count = preview.would_purge
+        if not count:
+            self.notify("nothing to purge: no such dead letter any more")
+            return
+        noun = "dead letter" if count == 1 else "dead letters"
 
         def confirmed(reason: str | None) -> None:
             if reason:
-                self.run_write("purge", ops.purge, self.signal, "dead", reason=reason)
+                self.run_write("purge", ops.purge, self.signal, "dead", ids=ids, reason=reason)
 
-        self.app.push_screen(ConfirmScreen(f"Delete all {len(self.letters)}"
-                                           f"{'+' if len(self.letters) >= LIMIT else ''} dead letters of "
-                                           f"{self.signal}? This cannot be undone.", "Purge"), confirmed)
+        self.app.push_screen(ConfirmScreen(f"Delete {count:,} {which}{noun} of {self.signal}? "
+                                           "This cannot be undone.", f"Purge {count:,}"), confirmed)
 
     def _watch(self, worker: Any) -> None:
         async def report() -> None:

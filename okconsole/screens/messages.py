@@ -1,23 +1,31 @@
-"""Messages of one signal by status: paged from the store, filtered, sorted, with lease columns."""
+"""Messages of one signal by status: paged, sorted and searched by the store, with lease columns.
+
+Sorting (shift+letter of a column, or a click on its header; again reverses) and the `/` search
+(payload, key, last failure) are answered by engine.ops over the whole signal; the screen only
+draws the page it gets, in the store's order."""
 from __future__ import annotations
 
 from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from engine import ops
 
 from .. import fmt
 from ..widgets.tables import sync_rows
-from .base import ConsoleScreen, text_filter
+from .base import ConsoleScreen
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
 COLUMNS = [("id", "Id"), ("status", "Status"), ("key", "Key"), ("attempts", "Att."), ("owner", "Owner"),
            ("lease", "Lease left"), ("created", "Created"), ("note", "Note")]
 STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "b red"}
+# column -> (the store's sort, its shift+letter); Note is drawn here, not a stored value
+SORTS = {"id": ("id", "I"), "status": ("status", "S"), "key": ("key", "K"), "attempts": ("attempts", "A"),
+         "owner": ("locked_by", "O"), "lease": ("lease_expires_at", "L"), "created": ("created_at", "C")}
+SEARCH_HINT = "search payload, key, last failure (whole signal) — enter applies, esc clears"
 
 
 class MessagesScreen(ConsoleScreen):
@@ -25,47 +33,60 @@ class MessagesScreen(ConsoleScreen):
     BINDINGS = [Binding("1", "status('1')", "All"), Binding("2", "status('2')", "Pending"),
                 Binding("3", "status('3')", "Inflight"), Binding("4", "status('4')", "Delivered"),
                 Binding("5", "status('5')", "Dead"), Binding("n", "next_page", "Next page"),
-                Binding("p", "prev_page", "Prev page"), Binding("s", "sort", "Sort"),
-                Binding("d", "dlq", "Dead letters")]
+                Binding("p", "prev_page", "Prev page"), Binding("s", "sort", "Reverse sort"),
+                Binding("d", "dlq", "Dead letters"), Binding("y", "copy_id", "Copy id"),
+                *[Binding(letter, f"sort_by('{column}')", f"Sort by {column}", show=False)
+                  for column, (_, letter) in SORTS.items()]]
 
     def __init__(self, signal: str, status: str | None = None) -> None:
         super().__init__()
         self.signal = signal
         self.status = status
-        self.cursors: list[int | None] = [None]  # before_seq of each visited page
-        self.next_cursor: int | None = None
+        self.cursors: list[str | None] = [None]  # the store's cursor of each visited page
+        self.next_cursor: str | None = None
+        self.cut = False  # the last searched page stopped at the store's scan budget
         self.clock_offset_ms = 0  # the store's lease clock minus ours, from the last page
         self.rows: list[Any] = []
-        self.sort_column: str | None = None
-        self.sort_reverse = False
+        self.sort_column: str | None = None  # None: emit order (newest first unless reversed)
+        self.descending = True
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
         table: DataTable[Any] = DataTable(id="messages", cursor_type="row", zebra_stripes=True)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
+        self._add_columns(table)
         yield table
         yield Static("", id="empty")
 
+    def _add_columns(self, table: DataTable[Any]) -> None:
+        """The headers, the sorted one marked ▼ (descending) or ▲."""
+        for key, label in COLUMNS:
+            mark = (" ▼" if self.descending else " ▲") if key == self.sort_column else ""
+            table.add_column(label + mark, key=key)
+
     def on_mount(self) -> None:
         self.TITLE_TEXT = f"messages · {self.signal}"
+        self.query_one("#filter", Input).placeholder = SEARCH_HINT
         super().on_mount()
+
+    def _store_sort(self) -> str:
+        return "seq" if self.sort_column is None else SORTS[self.sort_column][0]
 
     def focus_main(self) -> None:
         self.query_one("#messages", DataTable).focus()
 
     async def load(self) -> None:
         page = await self.console.data.call(ops.message_page, self.signal, self.status, None, PAGE,
-                                            self.cursors[-1])
+                                            search=self.filter_text or None, sort=self._store_sort(),
+                                            descending=self.descending, cursor=self.cursors[-1])
         self.rows = page.items
-        self.next_cursor = page.next_before_seq
+        self.next_cursor = page.next_cursor
+        self.cut = page.cut
         # leases are judged by the store's clock (PostgreSQL's own): keep its offset from ours
         self.clock_offset_ms = (page.clock_ms - fmt.now_ms()) if page.clock_ms is not None else 0
         self.render_rows()
 
     def render_rows(self) -> None:
         table = self.query_one("#messages", DataTable)
-        keep = text_filter(self.filter_text) if self.filter_text else None
         now = fmt.now_ms() + self.clock_offset_ms
         # Keys blocked behind their head: an older unfinished message of the same key on this page.
         heads: dict[str, str] = {}
@@ -74,9 +95,6 @@ class MessagesScreen(ConsoleScreen):
                 heads[row.key] = row.id
         wanted: dict[str, list[str]] = {}
         for row in self.rows:
-            text = f"{row.id} {row.status} {row.key or ''} {row.locked_by or ''}"
-            if keep is not None and not keep(text):
-                continue
             lease = owner = "—"
             note = ""
             if row.status == "inflight":
@@ -93,25 +111,36 @@ class MessagesScreen(ConsoleScreen):
             style = STATUS_STYLE.get(row.status, "")
             wanted[row.id] = [row.id, f"[{style}]{row.status}[/]" if style else row.status, row.key or "—",
                               str(row.attempts), owner, lease, fmt.ago(row.created_at), note]
-        order = list(wanted)
-        if self.sort_column is not None:
-            index = [c for c, _ in COLUMNS].index(self.sort_column)
-            order.sort(key=lambda k: wanted[k][index], reverse=self.sort_reverse)
-        sync_rows(table, [(key, wanted[key]) for key in order], [c for c, _ in COLUMNS])
+        sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
         status = self.status or "all"
         page_no = len(self.cursors)
-        more = " · n: next page" if self.next_cursor is not None else ""
+        more = (" · n: search on" if self.cut else " · n: next page") if self.next_cursor is not None else ""
+        if self.sort_column is None:
+            order = "newest first" if self.descending else "oldest first"
+        else:
+            order = f"by {dict(COLUMNS)[self.sort_column]} {'▼' if self.descending else '▲'}"
+        found = f" · search {self.filter_text!r}" if self.filter_text else ""
+        part = " (the store searched part of the signal)" if self.cut else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {status} · page {page_no} ({len(self.rows)} rows){more}"
-            + (f" · filter {self.filter_text!r}" if self.filter_text else ""))
+            f"[b]{self.signal}[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}")
         empty = self.query_one("#empty", Static)
-        empty.update("" if wanted else "No messages here.")
+        empty.update("" if wanted else ("No match in this part of the signal: n searches on." if self.cut
+                                        and self.next_cursor else "No messages here."))
         empty.display = not wanted
+
+    def _first_page(self) -> None:
+        self.cursors = [None]
+        self.next_cursor = None
+        self.action_refresh()
 
     def action_status(self, key: str) -> None:
         self.status = STATUS_KEYS[key]
-        self.cursors = [None]
-        self.action_refresh()
+        self._first_page()
+
+    def apply_filter(self, text: str) -> None:
+        """`/` on this screen is the store's search over the whole signal, from its first page."""
+        self.filter_text = text
+        self._first_page()
 
     def action_next_page(self) -> None:
         if self.next_cursor is not None:
@@ -125,13 +154,34 @@ class MessagesScreen(ConsoleScreen):
             self.action_refresh()
 
     def action_sort(self) -> None:
+        """Reverse the current order."""
+        if self.sort_column is not None:
+            self.action_sort_by(self.sort_column)
+            return
+        self.descending = not self.descending
+        self._first_page()
+
+    def action_sort_by(self, column: str) -> None:
+        """Sort by `column` (descending first); the sorted column again reverses it."""
+        if column not in SORTS:
+            self.notify(f"{dict(COLUMNS).get(column, column)} is drawn by the console, not stored: "
+                        "it cannot be sorted by the store", severity="warning")
+            return
+        self.descending = not self.descending if column == self.sort_column else True
+        self.sort_column = column
         table = self.query_one("#messages", DataTable)
-        column = COLUMNS[table.cursor_column][0] if table.cursor_column < len(COLUMNS) else "id"
-        if self.sort_column == column:
-            self.sort_reverse = not self.sort_reverse
-        else:
-            self.sort_column, self.sort_reverse = column, False
-        self.render_rows()
+        table.clear(columns=True)
+        self._add_columns(table)
+        self._first_page()
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        if event.column_key.value:
+            self.action_sort_by(event.column_key.value)
+
+    def action_copy_id(self) -> None:
+        table = self.query_one("#messages", DataTable)
+        if table.row_count:
+            self.copy_id(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
 
     def action_dlq(self) -> None:
         self.console.open_dlq(self.signal)

@@ -9,18 +9,19 @@ from textual.widgets import Static, Tree
 
 from engine import ops
 
-from .base import ConsoleScreen
+from .base import ConsoleScreen, text_filter
 from .trace_tree import fill_tree
 
 
 class TraceScreen(ConsoleScreen):
     ENTER_HINT = "Open a message"
-    BINDINGS = [Binding("m", "message", "Run's message")]
+    BINDINGS = [Binding("m", "message", "Run's message"), Binding("y", "copy_id", "Copy id")]
 
     def __init__(self, run_id: str) -> None:
         super().__init__()
         self.run_id = run_id
         self.rendered: Any = None
+        self.rendered_filter = ""
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
@@ -39,14 +40,16 @@ class TraceScreen(ConsoleScreen):
         except LookupError as err:
             self.query_one("#title", Static).update(f"[b red]{err}[/]")
             return
-        if root == self.rendered:
+        if root == self.rendered and self.filter_text == self.rendered_filter:
             return
-        self.rendered = root
+        self.rendered, self.rendered_filter = root, self.filter_text
         count = _count(root)
+        filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#title", Static).update(
-            f"run [b]{self.run_id}[/b] · root {root.run_id} ({root.flow or '?'}) · {count} runs · "
+            f"run [b]{self.run_id}[/b] · root {root.run_id} ({root.flow or '?'}) · {count} runs{filt} · "
             "enter opens a message, m the message a run handled")
-        fill_tree(self.query_one("#trace", Tree), [root])
+        keep = text_filter(self.filter_text) if self.filter_text else None
+        fill_tree(self.query_one("#trace", Tree), [root], keep=keep)
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         data = event.node.data
@@ -58,6 +61,13 @@ class TraceScreen(ConsoleScreen):
         data = node.data if node is not None else None
         if isinstance(data, dict) and data.get("message"):
             self.console.open_detail(data["message"])
+
+
+    def action_copy_id(self) -> None:
+        """The message of the selected node, else its run."""
+        node = self.query_one("#trace", Tree).cursor_node
+        data = node.data if node is not None and isinstance(node.data, dict) else {}
+        self.copy_id(data.get("message") or data.get("run"))
 
 
 def _count(node: Any) -> int:
