@@ -3,7 +3,8 @@
 Typer's defaults print `{SIGNAL}` and `SIGNAL <str>` / `[ID]... <list[str]>` in usage and help, which
 read as syntax a person must type. `ConsoleGroup` (the click group Typer builds for the app) rewrites
 its commands' parameters to print plain metavars, appends each command's examples as its epilog,
-and turns a KeyboardInterrupt anywhere into exit status 130 (SPEC §10b).
+turns a KeyboardInterrupt anywhere into exit status 130, and lets Typer's completion options name
+the shell (`--show-completion zsh`) besides detecting it (SPEC §10b).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a job stopped by Ctrl-C
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+COMPLETION_FLAGS = ("--show-completion", "--install-completion")
 
 # command name -> example lines (root: ""); every command has some (tests/test_cli_conventions.py)
 EXAMPLES: dict[str, list[str]] = {
@@ -91,8 +94,31 @@ class ConsoleGroup(TyperGroup):
             if command.epilog is None and name in EXAMPLES:
                 command.epilog = examples_epilog(EXAMPLES[name])
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _complete_for_named_shell(ctx, args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise typer.Exit(INTERRUPTED) from None
+
+
+def _complete_for_named_shell(ctx: Any, args: list[str]) -> None:
+    """`--show-completion SHELL` / `--install-completion SHELL` before any command: Typer's own options
+    only detect the running shell, so a named one is handled here with Typer's scripts."""
+    from typer.completion import get_completion_script, install
+
+    for flag, shell in zip(args, args[1:]):
+        if not flag.startswith("-"):
+            return  # a command name: the rest is that command's
+        if flag in COMPLETION_FLAGS and shell in SHELLS:
+            prog = ctx.find_root().info_name or "okconsole"
+            if flag == "--show-completion":
+                var = "_{}_COMPLETE".format(prog.replace("-", "_").upper())
+                typer.echo(get_completion_script(prog_name=prog, complete_var=var, shell=shell))
+            else:
+                installed, path = install(shell=shell, prog_name=prog)
+                typer.echo(f"{installed} completion installed in {path}")
+            raise typer.Exit(0)

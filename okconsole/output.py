@@ -97,7 +97,7 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
         out.print(f"No messages in {escape(signal)} match.")
         return
     table = _grid("ID", "Status", "Key", "Attempts", "Locked by", "Lease expires", "Created", "Parent run",
-                  crop=("Locked by",), drop=("Parent run", "Lease expires", "Locked by", "Attempts"),
+                  crop=("Locked by",), drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
                   title=f"{escape(signal)}: {len(rows)} newest")
     for r in rows:
         table.add(escape(r.id), status(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),

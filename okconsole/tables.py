@@ -5,11 +5,13 @@ Rich shrinks every column of a table that is too wide and folds what no longer f
 
 - KEEP: an id, a key, a name or a time: always its full width, on one line;
 - CROP: free text: one line, cut with `…` when the terminal is too narrow;
-- WRAP: free text that may take several lines, broken between words (an id inside stays whole).
+- WRAP: free text that may take several lines, broken between words (never narrower than its
+  longest word, so an id inside stays whole).
 
-On a terminal the CROP/WRAP columns give way first (widest first, down to a few characters); if
-the KEEP columns alone are still too wide, the table's least useful columns are left out and a note
-says which. When stdout is not a terminal nothing is cut: the line is as long as it needs to be.
+On a terminal the CROP/WRAP columns give way first (widest first); if the KEEP columns alone are
+still too wide, the table's least useful columns are left out and a note says which; past that
+(a very narrow terminal) the line is left long. When stdout is not a terminal nothing is cut: the
+line is as long as it needs to be.
 """
 from __future__ import annotations
 
@@ -49,6 +51,23 @@ def _cell_width(markup: str) -> int:
     return max((Text.from_markup(line).cell_len for line in markup.splitlines()), default=0)
 
 
+def _longest_word(markup: str) -> int:
+    return max((len(word) for word in Text.from_markup(markup).plain.split()), default=0)
+
+
+def minimum_widths(grid: Grid, natural: list[int]) -> list[int]:
+    """How far each column may shrink: KEEP not at all, WRAP to its longest word, CROP to a few letters."""
+    least = []
+    for i, col in enumerate(grid.columns):
+        if col.kind == KEEP:
+            least.append(natural[i])
+        elif col.kind == WRAP:
+            least.append(min(natural[i], max([MIN_FLEX] + [_longest_word(cells[i]) for cells, _ in grid.rows])))
+        else:
+            least.append(min(natural[i], MIN_FLEX))
+    return least
+
+
 def natural_widths(grid: Grid) -> list[int]:
     widths = [len(c.name) for c in grid.columns]
     for cells, _ in grid.rows:
@@ -59,6 +78,7 @@ def natural_widths(grid: Grid) -> list[int]:
 def fit(grid: Grid, available: int) -> tuple[list[int], list[str]]:
     """Widths of the shown columns (by index, `-1` for a hidden one) and the names left out."""
     widths = natural_widths(grid)
+    least = minimum_widths(grid, widths)
     shown = list(range(len(widths)))
     hidden: list[str] = []
 
@@ -67,10 +87,9 @@ def fit(grid: Grid, available: int) -> tuple[list[int], list[str]]:
 
     while True:
         ws = list(widths)
-        flexible = [i for i in shown if grid.columns[i].kind != KEEP]
         excess = total(shown, ws) - available
-        while excess > 0:  # the widest flexible column gives one character at a time
-            wide = [i for i in flexible if ws[i] > MIN_FLEX]
+        while excess > 0:  # the widest column that can still give, one character at a time
+            wide = [i for i in shown if ws[i] > least[i]]
             if not wide:
                 break
             widest = max(wide, key=lambda i: ws[i])
@@ -88,6 +107,11 @@ def fit(grid: Grid, available: int) -> tuple[list[int], list[str]]:
     return [ws[i] if i in shown else -1 for i in range(len(ws))], hidden
 
 
+def line_width(widths: list[int]) -> int:
+    shown = [w for w in widths if w >= 0]
+    return sum(shown) + GAP * max(0, len(shown) - 1)
+
+
 def render(out: Console, grid: Grid) -> None:
     """Print `grid` on `out`: fitted to a terminal's width, at its natural width elsewhere."""
     if out.is_terminal:
@@ -102,7 +126,8 @@ def render(out: Console, grid: Grid) -> None:
                          no_wrap=col.kind != WRAP, overflow="ellipsis")  # a KEEP column is never narrower
     for cells, style in grid.rows:
         table.add_row(*(cells[i] for i in shown), style=style or None)
-    out.print(table, crop=False)
+    # past every drop a KEEP column is still whole: the line is left long rather than cut
+    out.print(table, crop=False, width=max(out.width, line_width(widths)))
     if hidden:
         out.print(f"[dim]left out at {out.width} columns: {escape(', '.join(hidden))} (--json has them)[/]",
                   no_wrap=True, overflow="ellipsis")

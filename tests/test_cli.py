@@ -524,8 +524,12 @@ def test_help_lists_every_command():
 # ------------------------------------------------------------------------------ on a terminal
 
 def run_in_pty(args: list[str], answer: str | None = None, env: dict[str, str] | None = None,
-               cwd: Path | None = None, timeout: float = 60) -> tuple[int, str]:
-    """Run with stdin/stdout/stderr on a pseudo-terminal; type `answer` when a [y/N] prompt shows."""
+               cwd: Path | None = None, timeout: float = 60,
+               keys_when: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run with stdin/stdout/stderr on a pseudo-terminal; type `answer` when a [y/N] prompt shows
+    (and, for each `keys_when` marker, its keys once the marker shows)."""
+    pending = {"[y/N]": answer} if answer is not None else {}
+    pending.update(keys_when or {})
     master, slave = pty.openpty()
     full_env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color", **(env or {})}
     for name, value in list(full_env.items()):
@@ -535,7 +539,6 @@ def run_in_pty(args: list[str], answer: str | None = None, env: dict[str, str] |
                             close_fds=True)
     os.close(slave)
     out = b""
-    answered = False
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -548,9 +551,8 @@ def run_in_pty(args: list[str], answer: str | None = None, env: dict[str, str] |
                 if not chunk:
                     break
                 out += chunk
-                if answer is not None and not answered and b"[y/N]" in out:
-                    os.write(master, answer.encode())
-                    answered = True
+                for marker in [m for m in pending if m.encode() in out]:
+                    os.write(master, pending.pop(marker).encode())
             elif proc.poll() is not None:
                 break
             if time.monotonic() > deadline:
