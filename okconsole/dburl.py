@@ -25,9 +25,18 @@ def database_url(given: str | None) -> str:
     """`given`, else env OKE_DATABASE_URL, else the default, as a URL the stores accept."""
     text = resolve_url(given)
     if "://" not in text:
-        return f"sqlite+aiosqlite:///{Path(text).expanduser().absolute()}"
+        return f"sqlite+aiosqlite:///{_absolute(text)}"
     check(text)
     return text
+
+
+def _absolute(path_text: str) -> Path:
+    path = Path(path_text)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # "~nobody": no such user, so the name is taken as it is
+        pass
+    return path.absolute()
 
 
 def check(url: str) -> None:

@@ -319,6 +319,8 @@ def test_db_takes_a_plain_file_path(sqlite_url, tmp_path):
         assert "shop.email" in {r["signal"] for r in json.loads(done.stdout)}
     via_env = run_okconsole("stats", "--json", cwd=tmp_path, env={"OKE_DATABASE_URL": str(path)})
     assert via_env.returncode == 0, via_env.stderr
+    odd_user = cli("--db", "~no-such-user-0/shop.db", "stats")  # a "~user" that does not exist is a name
+    assert odd_user.exit_code == 1 and "no store at" in odd_user.stderr and "~no-such-user-0" in odd_user.stderr
     missing = run_okconsole("--db", "./no-such.db", "stats", cwd=tmp_path)
     assert missing.returncode == 1 and str(tmp_path / "no-such.db") in missing.stderr
     assert not (tmp_path / "no-such.db").exists()
