@@ -221,9 +221,9 @@ def _named(exposures: list[dict[str, Any]], signal: str, via: str) -> dict[str, 
 def _best_fit(exposures: list[dict[str, Any]], signal: str, params: dict[str, Any]) -> dict[str, Any]:
     """Among the auto-match exposures (custom flows never compete), the one whose path params are
     the largest subset of the input; the firehose is the empty set. A tie needs `via`."""
-    fitting = [e for e in exposures if not e["custom"] and set(e["params"]) <= set(params)]
+    fitting = [e for e in exposures if not e.get("custom", False) and set(e["params"]) <= set(params)]
     if not fitting:
-        custom = [e.get("flow") or e["path"] for e in exposures if e["custom"]]
+        custom = [e.get("flow") or e["path"] for e in exposures if e.get("custom", False)]
         hint = f" (custom flows, chosen only by via: {', '.join(custom)})" if custom else ""
         raise ValueError(f'"{signal}" has no exposure whose path params fit {sorted(params)}{hint}')
     best = max(len(set(e["params"])) for e in fitting)

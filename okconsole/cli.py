@@ -27,17 +27,20 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from engine import ops
 from engine.durations import parse_duration_ms
 from engine.errors import OkeError, SchemaTooNew, StoreUnavailable
-from engine.store import Store, make_store, resolve_url
+from engine.store import Store, make_store
 
 from . import output
+from .clihelp import ConsoleGroup
+from .dburl import BadDatabaseUrl, database_url
 
 T = TypeVar("T")
 
 app = typer.Typer(
     name="okconsole",
     help="Operator console for okengine: inspect and repair the store.",
+    cls=ConsoleGroup,
     invoke_without_command=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -153,7 +156,7 @@ def _target(url: str) -> str:
 
 
 DB_OPTION: Any = typer.Option(None, "--db", metavar="URL",
-                              help="Database url (also accepted before the command).")
+                              help="Database url or SQLite file path (also accepted before the command).")
 
 
 def state_of(ctx: typer.Context, db: str | None = None) -> State:
@@ -161,9 +164,9 @@ def state_of(ctx: typer.Context, db: str | None = None) -> State:
     check_arguments(ctx)
     obj = ctx.find_root().obj
     if not isinstance(obj, State):  # a command invoked without the root callback (tests)
-        obj = State(db=resolve_url(None), read_only=False, actor=None)
+        obj = State(db=_database_url(None), read_only=False, actor=None)
     if db:
-        obj = State(db=db, read_only=obj.read_only, actor=obj.actor)
+        obj = State(db=_database_url(db), read_only=obj.read_only, actor=obj.actor)
     return obj
 
 
@@ -211,20 +214,38 @@ def _actor(state: State, actor: str | None) -> str | None:
     return actor or state.actor
 
 
+def _database_url(given: str | None) -> str:
+    try:
+        return database_url(given)
+    except BadDatabaseUrl as err:
+        fail(2, str(err))
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from .cli_run import version
+        typer.echo(f"okconsole {version()}")
+        raise typer.Exit(0)
+
+
 # -- root ---------------------------------------------------------------------------------------
 @app.callback(invoke_without_command=True)
 def root(
     ctx: typer.Context,
     db: Optional[str] = typer.Option(
         None, "--db", metavar="URL",
-        help="Database url (default: env OKE_DATABASE_URL, then sqlite+aiosqlite:///.oke/oke.db)."),
+        help="Database url or SQLite file path (default: env OKE_DATABASE_URL, then "
+             "sqlite+aiosqlite:///.oke/oke.db; an absolute SQLite url has four slashes)."),
     read_only: bool = typer.Option(False, "--read-only", help="Refuse every write (replay, purge)."),
     actor: Optional[str] = typer.Option(None, "--actor", metavar="NAME", help="Who is acting, for the audit log "
                                                               "(default: the OS user)."),
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version and exit."),
 ) -> None:
-    ctx.obj = State(db=resolve_url(db), read_only=read_only, actor=actor)
+    ctx.obj = State(db=_database_url(db), read_only=read_only, actor=actor)
     if ctx.invoked_subcommand is None:
-        from .cli_run import run_tui
+        from .cli_run import require_terminal, run_tui
+        require_terminal(ctx)
         run_tui(ctx.obj.db, read_only, actor=actor)
 
 
@@ -388,6 +409,31 @@ def _confirm(question: str, what: str) -> None:
         fail(1, f"{what} cancelled: nothing changed")
 
 
+class NotDead(ValueError):
+    """Named ids that are not dead letters: `replay` refuses them all (exit 2), naming each status."""
+
+
+async def _refuse_not_dead(store: Store, signal: str, ids: list[str]) -> None:
+    unique = list(dict.fromkeys(ids))
+    preview = await ops.replay(store, signal, ids=unique, dry_run=True)
+    assert isinstance(preview, ops.ReplayPreview)
+    if preview.would_replay == len(unique):
+        return
+    wrong = [(msg_id, detail.status) for msg_id in unique
+             if (detail := await ops.show(store, msg_id)).status != "dead"]
+    if wrong:
+        named = ", ".join(f"{msg_id} is {state}" for msg_id, state in wrong[:5])
+        more = f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""
+        raise NotDead(f"replay: {named}{more}, not dead: only dead letters are replayed; nothing changed")
+
+
+async def _replay_dead_only(store: Store, signal: str, **options: Any) -> Any:
+    """ops.replay, after refusing named ids that are not dead (SPEC §10b)."""
+    if options.get("ids"):
+        await _refuse_not_dead(store, signal, options["ids"])
+    return await ops.replay(store, signal, **options)
+
+
 @app.command()
 def replay(
     ctx: typer.Context,
@@ -440,7 +486,7 @@ def replay(
         _check_sqlite_file(state.db)
         if not _interactive():
             fail(2, "replay changes the store and stdin is not a terminal: pass --yes to confirm")
-        preview = run(state, lambda store: ops.replay(store, signal, dry_run=True, **options))
+        preview = run(state, lambda store: _replay_dead_only(store, signal, dry_run=True, **options))
         assert isinstance(preview, ops.ReplayPreview)
         if preview.would_replay == 0:
             result: Any = ops.Replayed(replayed=0, ids=[])
@@ -451,8 +497,8 @@ def replay(
             return
         _confirm(f"Replay {preview.would_replay} dead letter(s) of {signal}?", "replay")
 
-    result = run(state, lambda store: ops.replay(store, signal, dry_run=dry_run, reason=reason, actor=who,
-                                                 rate=per_second, warn=_warn, **options))
+    result = run(state, lambda store: _replay_dead_only(store, signal, dry_run=dry_run, reason=reason, actor=who,
+                                                        rate=per_second, warn=_warn, **options))
     if as_json:
         output.print_json(result)
     else:

@@ -32,23 +32,13 @@ def _run(state: State, fn: Callable[[Store], Awaitable[T]]) -> T:
 def bindings(ctx: typer.Context, db: Optional[str] = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every recorded binding: signal, kind, flow, when a process last ran with it, and whether it is
-    active (seen within its binding_ttl and not unbound: only active flows get broadcast copies).
-
-    Example: okconsole bindings --json"""
+    active (seen within its binding_ttl and not unbound: only active flows get broadcast copies)."""
     state = state_of(ctx, db)
     rows = _run(state, ops.bindings)
     if as_json:
         output.print_json(rows)
         return
-    out = output.console()
-    if not rows:
-        out.print(f"No bindings recorded in {escape(state.db)} yet.")
-        return
-    table = output._table("Signal", "Kind", "Flow", "Last seen", "Active")
-    for r in rows:
-        table.add_row(escape(r.signal), r.kind, escape(r.flow), output.when(r.last_seen),
-                      "yes" if r.active else "[dim]no[/]")
-    out.print(table)
+    output.render_bindings(output.console(), rows, state.db)
 
 
 @app.command()
@@ -64,9 +54,7 @@ def unbind(
 ) -> None:
     """Retire one binding at once: FLOW gets no new copies of SIGNAL, and its pending copies end dead
     with failure code Unbound (audited; replayable). A process that boots binding FLOW again makes
-    it active again.
-
-    Example: okconsole unbind catalog.changed search.reindex --reason "flow removed" --yes"""
+    it active again."""
     state = state_of(ctx, db)
     _writes(state, "unbind")
     if not yes:

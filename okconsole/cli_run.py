@@ -19,7 +19,36 @@ from engine.app import OkeApp
 from engine.errors import OkeError, SchemaTooNew, StoreUnavailable
 
 from .cli import DB_OPTION, app, fail, state_of
+from .clihelp import INTERRUPTED
 from .demo import DEMO_PORT
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml), or a marker when run from a bare tree."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("okengine")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _on_terminal() -> bool:
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def require_terminal(ctx: typer.Context) -> None:
+    """The TUI needs a terminal on stdin and stdout: without one, the help on stderr and exit 2
+    (drawing escape codes into a pipe would hang or garble it; SPEC §10b)."""
+    if _on_terminal():
+        return
+    typer.echo(ctx.get_help(), err=True)
+    typer.echo("\nokconsole: the TUI needs a terminal (stdin and stdout are not both one): "
+               "name a command, e.g. okconsole stats", err=True)
+    raise typer.Exit(2)
 
 
 def port_free(host: str, port: int) -> bool:
@@ -95,7 +124,7 @@ def demo(
         ConsoleApp(state.db, read_only=state.read_only, tail_url=f"http://127.0.0.1:{port}",
                    tail_token="demo-token", embedded=(start, stop), exit_after_s=seconds, actor=state.actor).run()
     except KeyboardInterrupt:
-        pass
+        raise typer.Exit(INTERRUPTED) from None
     except (StoreUnavailable, SchemaTooNew) as err:
         fail(1, str(err))
 
@@ -134,7 +163,7 @@ def serve(
     target: str = typer.Argument(..., metavar="MODULE:ATTR", help="The app, e.g. shop.app:app."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(6530, "--port", help="TCP port."),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Concurrent handlers."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, metavar="N", help="Concurrent handlers."),
 ) -> None:
     """Run a user app's engine: its workers and its HTTP/SSE routes, until Ctrl-C."""
     oke_app = load_app(target)
@@ -144,7 +173,7 @@ def serve(
     try:
         asyncio.run(oke_app.serve(host=host, port=port, concurrency=concurrency))
     except KeyboardInterrupt:
-        pass
+        raise typer.Exit(INTERRUPTED) from None
     except (StoreUnavailable, SchemaTooNew) as err:
         fail(1, str(err))
     except (OkeError, TypeError, ValueError) as err:  # boot checks of the user's manifest
@@ -201,7 +230,7 @@ def tail(
             _check_sqlite_file(state.db)
             asyncio.run(tail_store(state.db, opts, printer))
     except KeyboardInterrupt:
-        pass
+        raise typer.Exit(INTERRUPTED) from None
     except UnknownTape as err:
         fail(2, str(err))
     except (TailFailed, StoreDown) as err:

@@ -2,36 +2,41 @@
 
 Nothing here touches the store: it formats the records `engine.ops` returns.
 Colour follows Rich's detection: NO_COLOR / FORCE_COLOR and whether stdout is a terminal.
+Tables go through `tables` so an id, a key or a time is never split across lines.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import datetime
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from rich.tree import Tree
 
 from engine.ops import (AuditEntry, DeadLetter, FailureGroup, MessageDetail, MessageRow, Purged, PurgePreview,
                         Replayed, ReplayPreview, RunNode, SignalStats, to_json)
 
 from . import fmt
+from .tables import CROP, KEEP, WRAP, Column, Grid, render
 
 STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "bold red",
                 "succeeded": "green", "failed": "red", "lease_lost": "magenta", "unknown": "dim"}
-PIPE_WIDTH = 200  # a pipe has no width: do not squeeze tables into 80 columns
+PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
 
 
 def console() -> Console:
-    """A console on stdout; when stdout is not a terminal, wide (COLUMNS wins) and colourless."""
-    width = None
-    if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
-        width = PIPE_WIDTH
+    """A console on stdout; when stdout is not a terminal, unbounded in width and colourless."""
+    width = None if _stdout_is_terminal() else PIPE_WIDTH
     return Console(highlight=False, width=width, soft_wrap=False)
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
 
 
 def print_json(data: Any) -> None:
@@ -60,12 +65,19 @@ def cell(value: Any) -> str:
     return "-" if value is None else escape(str(value))
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False, box=None)
-    for name in columns:
-        numeric = name in ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Count", "Lag")
-        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
-    return table
+def _one_line(text: str) -> str:
+    """A cell that is cropped to one line shows a multi-line text's lines joined."""
+    return " ".join(text.split())
+
+
+NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
+
+
+def _grid(*columns: str, crop: tuple[str, ...] = (), wrap: tuple[str, ...] = (), drop: tuple[str, ...] = (),
+          title: str | None = None) -> Grid:
+    """Columns are KEEP (ids, keys, names, times, numbers) unless named in `crop` or `wrap`."""
+    kinds = {**{name: CROP for name in crop}, **{name: WRAP for name in wrap}}
+    return Grid([Column(name, kinds.get(name, KEEP), name in NUMERIC) for name in columns], title=title, drop=drop)
 
 
 # -- one renderer per command -------------------------------------------------------------------
@@ -73,59 +85,72 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     if not rows:
         out.print(f"No signals recorded in {escape(db)} yet.")
         return
-    table = _table("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag", "Description")
+    table = _grid("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag", "Description",
+                  crop=("Description",), drop=("Description", "Kind"))
     for r in rows:
-        table.add_row(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
-                      f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
-    out.print(table)
+        table.add(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
+                  f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
+    render(out, table)
+
+
+def render_bindings(out: Console, rows: list[Any], db: str) -> None:
+    if not rows:
+        out.print(f"No bindings recorded in {escape(db)} yet.")
+        return
+    table = _grid("Signal", "Kind", "Flow", "Last seen", "Active", drop=("Kind",))
+    for r in rows:
+        table.add(escape(r.signal), r.kind, escape(r.flow), when(r.last_seen), "yes" if r.active else "[dim]no[/]")
+    render(out, table)
 
 
 def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
     if not rows:
         out.print(f"No messages in {escape(signal)} match.")
         return
-    table = _table("ID", "Status", "Key", "Attempts", "Locked by", "Lease expires", "Created", "Parent run",
-                   title=f"{signal}: {len(rows)} newest")
+    table = _grid("ID", "Status", "Key", "Attempts", "Locked by", "Lease expires", "Created", "Parent run",
+                  crop=("Locked by",), drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
+                  title=f"{escape(signal)}: {len(rows)} newest")
     for r in rows:
-        table.add_row(r.id, status(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
-                      when(r.lease_expires_at), when(r.created_at), cell(r.parent_run_id))
-    out.print(table)
+        table.add(escape(r.id), status(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
+                  when(r.lease_expires_at), when(r.created_at), cell(r.parent_run_id))
+    render(out, table)
 
 
 def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
     if not rows:
         out.print(f"No dead letters in {escape(signal)}.")
         return
-    table = _table("ID", "Key", "Attempts", "Last failure", "Died", "Created",
-                   title=f"{signal}: {len(rows)} dead letters")
+    table = _grid("ID", "Key", "Attempts", "Last failure", "Died", "Created", crop=("Last failure",),
+                  drop=("Created", "Attempts", "Died"), title=f"{escape(signal)}: {len(rows)} dead letters")
     for r in rows:
         last = next((x for x in reversed(r.failures) if x.code != "replayed"), None)
         reason = f"{last.code}: {last.message}" if last else "-"
-        table.add_row(r.id, cell(r.key), str(r.attempts), escape(reason), when(last.at if last else None),
-                      when(r.created_at))
-    out.print(table)
+        table.add(escape(r.id), cell(r.key), str(r.attempts), escape(_one_line(reason)),
+                  when(last.at if last else None), when(r.created_at))
+    render(out, table)
 
 
 def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None:
     if not rows:
         out.print(f"No dead or failing messages in {escape(signal)}.")
         return
-    table = _table("Code", "Message", "Count", "Last at", title=f"{signal}: failures by cause")
+    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{escape(signal)}: failures by cause")
     for r in rows:
-        table.add_row(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
-    out.print(table)
+        table.add(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
+    render(out, table)
 
 
 def render_audit(out: Console, rows: list[AuditEntry]) -> None:
     if not rows:
         out.print("The audit log is empty.")
         return
-    table = _table("At", "Actor", "Action", "Signal", "Count", "Reason", "Ids")
+    table = _grid("At", "Actor", "Action", "Signal", "Count", "Reason", "Ids", crop=("Reason",), wrap=("Ids",),
+                  drop=("Reason", "Actor"))
     for r in rows:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
-        table.add_row(when(r.at), escape(r.actor), escape(r.action), cell(r.signal), str(r.count),
-                      cell(r.reason), escape(ids))
-    out.print(table)
+        table.add(when(r.at), escape(r.actor), escape(r.action), cell(r.signal), str(r.count),
+                  escape(_one_line(r.reason)) if r.reason is not None else "-", escape(ids))
+    render(out, table)
 
 
 def _run_label(node: RunNode, mark: str | None = None) -> str:
@@ -164,8 +189,7 @@ def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
 
 
 def render_show(out: Console, d: MessageDetail) -> None:
-    head = _table("Field", "Value", title=f"message {d.id}")
-    head.columns[0].style = "bold"
+    head = _grid("Field", "Value", wrap=("Value",), title=f"message {escape(d.id)}")
     rows = [("signal", escape(d.signal)), ("flow", cell(d.flow)), ("key", cell(d.key)),
             ("status", status(d.status)), ("attempts", f"{d.attempts} (retries {d.retries})"),
             ("replays", str(d.replays)), ("created", when(d.created_at)), ("updated", when(d.updated_at)),
@@ -179,18 +203,18 @@ def render_show(out: Console, d: MessageDetail) -> None:
         rows.append(("blocked by", f"{escape(b.id)} ({status(b.status)}, {b.attempts} attempts), "
                                    f"the head of key {escape(str(d.key))}"))
     for name, value in rows:
-        head.add_row(name, value)
-    out.print(head)
+        head.add(f"[bold]{name}[/]", value)
+    render(out, head)
     out.print()
     out.print("[bold]payload[/]")
     out.print(escape(json.dumps(d.payload, indent=2, ensure_ascii=False)))
     out.print()
     if d.failures:
-        table = _table("At", "Attempt", "Code", "Message", title="failures, newest first")
+        table = _grid("At", "Attempt", "Code", "Message", wrap=("Message",), title="failures, newest first")
         for x in reversed(d.failures):
             style = "dim" if x.code == "replayed" else ""
-            table.add_row(when(x.at), str(x.attempt), escape(x.code), escape(x.message), style=style)
-        out.print(table)
+            table.add(when(x.at), str(x.attempt), escape(x.code), escape(x.message), style=style)
+        render(out, table)
     else:
         out.print("[dim]no failures[/]")
     if d.trace:

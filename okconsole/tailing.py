@@ -4,12 +4,18 @@ By default the last 10 retained events, then every new one. A drop resumes
 after the last id printed; a cursor the tape cannot honour (410 / a gap in the
 store) is reported on stderr and the tail restarts from the oldest retained
 event. Output is `<id>  <json>` per event, or NDJSON `{"id", "data"}` with --json.
+
+Over SSE every network call is bounded (SPEC §10b: 10 s, env OKE_NETWORK_TIMEOUT overrides it):
+the server is asked for `/_oke/exposures` first, so a URL that is not an okengine server, refuses
+the token or never answers is reported as that (exit 1), not as an unknown signal.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -24,6 +30,17 @@ from .data import StoreAdapter, StoreDown
 
 DEFAULT_BACKLOG = 10
 STORE_POLL_S = 0.2
+NETWORK_TIMEOUT_S = 10.0
+TIMEOUT_ENV = "OKE_NETWORK_TIMEOUT"
+
+
+def network_timeout_s() -> float:
+    """Seconds a network call may take before the console gives up (env OKE_NETWORK_TIMEOUT, else 10)."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return NETWORK_TIMEOUT_S
+    return value if 0 < value and math.isfinite(value) else NETWORK_TIMEOUT_S
 
 
 @dataclass
@@ -37,9 +54,9 @@ class TailOptions:
 
 
 class UnknownTape(LookupError):
-    def __init__(self, signal: str, known: list[str]) -> None:
+    def __init__(self, signal: str, known: list[str], where: str = "live signals") -> None:
         listed = ", ".join(known) if known else "none"
-        super().__init__(f'unknown live signal "{signal}" (live signals: {listed})')
+        super().__init__(f'unknown live signal "{signal}" ({where}: {listed})')
 
 
 class TailFailed(RuntimeError):
@@ -132,9 +149,51 @@ async def tail_store(database_url: str, opts: TailOptions, printer: Printer) -> 
         await data.close()
 
 
+async def probe_server(base_url: str, token: str | None, signal: str, bound: float) -> None:
+    """Ask `/_oke/exposures` within `bound` seconds: TailFailed when the server does not answer, refuses,
+    errs or is not okengine at all; UnknownTape (naming what it exposes) when it does not expose `signal`."""
+    url = f"{base_url.rstrip('/')}/_oke/exposures"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(bound)) as http:
+            response = await asyncio.wait_for(http.get(url, headers=headers), bound)
+    except (httpx.TimeoutException, asyncio.TimeoutError):
+        raise TailFailed(f"no answer from {base_url} within {bound:g} s") from None
+    except httpx.HTTPError as err:
+        raise TailFailed(f"cannot reach {base_url}: {type(err).__name__}: {err}") from None
+    if response.status_code in (401, 403):
+        raise TailFailed(f"{base_url} refused the request (HTTP {response.status_code}): pass --token")
+    try:
+        exposures = response.json()["data"]
+        exposed = sorted({str(e["signal"]) for e in exposures})
+    except (ValueError, KeyError, TypeError) as err:
+        raise TailFailed(f"{base_url} is not an okengine server (GET /_oke/exposures: HTTP "
+                         f"{response.status_code}, no list of exposures)") from err
+    if response.status_code >= 400:
+        raise TailFailed(f"{base_url} answered HTTP {response.status_code} to GET /_oke/exposures")
+    if signal not in exposed:
+        raise UnknownTape(signal, exposed, f"exposed at {base_url}")
+
+
+async def _opened_within(pump: asyncio.Future[None], opened: asyncio.Event, bound: float, base_url: str) -> None:
+    """Wait until the stream opens (or the pump ends by itself); cancel it if neither happens in time."""
+    opener = asyncio.ensure_future(opened.wait())
+    try:
+        await asyncio.wait({pump, opener}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        opener.cancel()
+    if not opened.is_set() and not pump.done():
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        raise TailFailed(f"no answer from {base_url} within {bound:g} s: the stream did not open")
+
+
 async def tail_sse(base_url: str, token: str | None, opts: TailOptions, printer: Printer) -> None:
-    """Follow a tape over SSE, resuming by id after drops."""
-    client = Client(base_url, token=token)
+    """Follow a tape over SSE, resuming by id after drops; the first connection is bounded in time."""
+    bound = network_timeout_s()
+    await probe_server(base_url, token, opts.signal, bound)
+    client = Client(base_url, token=token, timeout=bound)
     cursor = opts.after
     tail: int | None = None
     if not opts.after and not opts.from_start:
@@ -147,14 +206,25 @@ async def tail_sse(base_url: str, token: str | None, opts: TailOptions, printer:
         cursor, tail = None, None
     while not printer.done:
         try:
-            stream = client.stream(opts.signal, {}, last_event_id=cursor, tail=tail, retry_first=connected_once)
-            async with contextlib.aclosing(stream):
+            opened = asyncio.Event()
+            stream = client.stream(opts.signal, {}, last_event_id=cursor, tail=tail, retry_first=connected_once,
+                                   on_open=opened.set)
+
+            async def pump() -> None:
+                nonlocal cursor, connected_once
                 async for event in stream:
                     connected_once = True
                     printer.event(event.id, event.data)
                     cursor = event.id
                     if printer.done:
                         return
+
+            async with contextlib.aclosing(stream):
+                pumping = asyncio.ensure_future(pump())
+                if not connected_once:
+                    await _opened_within(pumping, opened, bound, base_url)
+                    connected_once = True
+                await pumping
             return
         except LiveResumeGap as gap:
             printer.warn(f'cursor "{gap.after_id}" cannot be resumed on "{opts.signal}" ({gap.reason}); '

@@ -738,7 +738,7 @@ def _okconsole(*args: str | bytes, env: dict[str, str] | None = None) -> subproc
     ([b"messages", b"\xff\xfe"], 2),                                   # argv that is not UTF-8
     ([b"replay", b"jobs", b"--all", b"--older-than", b"9999999999999999d", b"--dry-run"], 2),
     ([b"messages", b"jobs", b"--limit", b"99999999999999999999"], 0),
-    ([b"--db", b"postgresql+asyncpg://u@h:notaport/db", b"stats"], 1),
+    ([b"--db", b"postgresql+asyncpg://u@h:notaport/db", b"stats"], 2),  # a bad --db URL: SPEC §10b
     ([b"--db", b"garbage", b"stats"], 1),
 ])
 def test_subprocess_exits_cleanly(console_store, args, code):

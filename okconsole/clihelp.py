@@ -1,0 +1,127 @@
+"""How `okconsole` presents itself: clean usage strings, an Examples block per command, exit 130 on Ctrl-C.
+
+Typer's defaults print `{SIGNAL}` and `SIGNAL <str>` / `[ID]... <list[str]>` in usage and help, which
+read as syntax a person must type. `ConsoleGroup` (the click group Typer builds for the app) rewrites
+its commands' parameters to print plain metavars, appends each command's examples as its epilog,
+turns a KeyboardInterrupt anywhere into exit status 130, and lets Typer's completion options name
+the shell (`--show-completion zsh`) besides detecting it (SPEC §10b).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from typer.core import TyperArgument, TyperGroup, TyperOption
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a job stopped by Ctrl-C
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+COMPLETION_FLAGS = ("--show-completion", "--install-completion")
+
+# command name -> example lines (root: ""); every command has some (tests/test_cli_conventions.py)
+EXAMPLES: dict[str, list[str]] = {
+    "": ["okconsole                                  # the TUI over ./.oke/oke.db",
+         "okconsole --db ./shop.db stats",
+         "okconsole --db postgresql+asyncpg://oke@db/shop dlq shop.email",
+         "OKE_DATABASE_URL=sqlite+aiosqlite:////var/lib/shop/oke.db okconsole stats --json"],
+    "stats": ["okconsole stats", "okconsole stats --json | jq '.[] | select(.dead > 0) | .signal'"],
+    "messages": ["okconsole messages shop.email --status dead",
+                 "okconsole messages shop.email --key usr_1 --limit 10 --json"],
+    "show": ["okconsole show msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V", "okconsole show msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json"],
+    "dlq": ["okconsole dlq shop.email", "okconsole dlq shop.email --limit 5 --json"],
+    "failures": ["okconsole failures shop.email", "okconsole failures shop.email --json"],
+    "audit": ["okconsole audit", "okconsole audit --limit 20 --json"],
+    "bindings": ["okconsole bindings", "okconsole bindings --json | jq '.[] | select(.active | not)'"],
+    "unbind": ["okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
+               "okconsole unbind catalog.changed search.reindex --yes --json"],
+    "trace": ["okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V", "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json"],
+    "replay": ["okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --reason 'smtp fixed'",
+               "okconsole replay shop.email --all --code SmtpRefused --dry-run",
+               "okconsole replay shop.email --all --older-than 1h --rate 50/s --yes",
+               "okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --payload fixed.json --yes"],
+    "purge": ["okconsole purge shop.email --status delivered --older-than 7d --dry-run",
+              "okconsole purge shop.email --status dead --yes --reason 'obsolete'"],
+    "demo": ["okconsole demo", "okconsole demo --headless --seconds 30"],
+    "serve": ["okconsole serve shop.app:app", "okconsole serve shop.app:create_app --port 8080 --concurrency 16"],
+    "tail": ["okconsole tail order-status", "okconsole tail order-status --url http://127.0.0.1:6530 --token T",
+             "okconsole tail order-status --from-start --count 100 --json"],
+}
+
+
+def examples_epilog(lines: list[str]) -> str:
+    """An "Examples:" block click prints verbatim (`\\b` stops it rewrapping the lines)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class PlainArgument(TyperArgument):
+    """`SIGNAL`, `[ID]...` in usage and help: no braces, no `<str>` type tag."""
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        if not self.required and not name.startswith("["):
+            name = f"[{name}]"
+        if self.nargs != 1 and not name.endswith("..."):
+            name += "..."
+        return name
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+
+class PlainOption(TyperOption):
+    """`--token TOKEN`, not `--token <str>`, when an option has no metavar of its own."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return self.metavar or (self.name or "value").upper()
+
+
+_PLAIN = {TyperArgument: PlainArgument, TyperOption: PlainOption}
+
+
+def _plain_params(command: Any) -> None:
+    for param in command.params:
+        plain = _PLAIN.get(type(param))
+        if plain is not None:
+            param.__class__ = plain  # same fields, only how they print differs
+
+
+class ConsoleGroup(TyperGroup):
+    """The `okconsole` group: plain usage strings, examples, and 130 after Ctrl-C."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        _plain_params(self)
+        if self.epilog is None and "" in EXAMPLES:
+            self.epilog = examples_epilog(EXAMPLES[""])
+        for name, command in self.commands.items():
+            _plain_params(command)
+            if command.epilog is None and name in EXAMPLES:
+                command.epilog = examples_epilog(EXAMPLES[name])
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _complete_for_named_shell(ctx, args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise typer.Exit(INTERRUPTED) from None
+
+
+def _complete_for_named_shell(ctx: Any, args: list[str]) -> None:
+    """`--show-completion SHELL` / `--install-completion SHELL` before any command: Typer's own options
+    only detect the running shell, so a named one is handled here with Typer's scripts."""
+    from typer.completion import get_completion_script, install
+
+    for flag, shell in zip(args, args[1:]):
+        if not flag.startswith("-"):
+            return  # a command name: the rest is that command's
+        if flag in COMPLETION_FLAGS and shell in SHELLS:
+            prog = ctx.find_root().info_name or "okconsole"
+            if flag == "--show-completion":
+                var = "_{}_COMPLETE".format(prog.replace("-", "_").upper())
+                typer.echo(get_completion_script(prog_name=prog, complete_var=var, shell=shell))
+            else:
+                installed, path = install(shell=shell, prog_name=prog)
+                typer.echo(f"{installed} completion installed in {path}")
+            raise typer.Exit(0)
