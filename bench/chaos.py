@@ -223,14 +223,24 @@ class Workers:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(self.dir / f"log-{wid}", "wb")
         proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "--url", self.url, "--dir", str(self.dir), "--worker-id", wid,
-             "--lease-ms", str(self.cfg.lease_ms), "--concurrency", str(self.cfg.concurrency),
-             "--retries", str(self.cfg.retries), "--slow-ms", str(self.cfg.slow_ms)],
+            [*self.prefix(slot), sys.executable, str(WORKER), "--url", self.url_of(slot), "--dir", str(self.dir),
+             "--worker-id", wid, "--lease-ms", str(self.cfg.lease_ms), "--concurrency", str(self.cfg.concurrency),
+             "--retries", str(self.cfg.retries), "--slow-ms", str(self.cfg.slow_ms), *self.extra_args(slot)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
         self.current[slot] = (wid, proc)
         self.all[wid] = proc
         return wid
+
+    # Where and how a slot's process runs: bench/netfaults.py puts each in a network namespace.
+    def prefix(self, slot: int) -> list[str]:
+        return []
+
+    def url_of(self, slot: int) -> str:
+        return self.url
+
+    def extra_args(self, slot: int) -> list[str]:
+        return []
 
     def kill(self, slot: int) -> str:
         wid, proc = self.current.pop(slot)
@@ -311,6 +321,7 @@ class Observed:
     cli_reads: int = 0
     cli_failures: list[tuple[float, int, str]] = field(default_factory=list)
     cli_regressions: list[str] = field(default_factory=list)
+    partitions: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, worker id)
     emit_started: float = 0.0
     emit_ended: float = 0.0
     drained: float = 0.0
@@ -716,6 +727,8 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                 lost_kinds["holder SIGKILLed"] += 1
             elif (att is None or att.start is None) and killed:
                 lost_kinds["claimed, holder killed before the handler ran"] += 1
+            elif (att is None or att.start is None) and obs.partitions:
+                lost_kinds["claimed, the reply lost in a network partition"] += 1
             else:
                 bad.append(f"attempt {a} is unaccounted for (handler {att and att.outcome}, worker "
                            f"{att and att.worker}, runs {rr})")

@@ -193,6 +193,7 @@ class PgCluster:
         bin_dir: str | None = None,
         max_connections: int = 300,
         settings: dict[str, object] | None = None,
+        netns: str | None = None,
     ) -> None:
         if external_dsn is None and use_env:
             external_dsn = os.environ.get(ENV_DSN) or None
@@ -200,6 +201,9 @@ class PgCluster:
         self.bin_dir: str | None = bin_dir or find_bin_dir()
         self.max_connections = max_connections
         self.settings = dict(settings or {})
+        # Run the server inside this network namespace (`ip netns exec`); it listens where settings'
+        # listen_addresses say, and this process reaches it through its Unix socket.
+        self.netns = netns
         self.base_dir: str | None = None  # temp dir: socket, server log, data/
         self.data_dir: str | None = None
         self.log_path: str | None = None
@@ -269,7 +273,8 @@ class PgCluster:
                         raise
             else:
                 raise last  # type: ignore[misc]
-            self.admin_dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+            self.admin_dsn = (f"postgresql://postgres@/postgres?host={self.base_dir}&port={self.port}" if self.netns
+                              else f"postgresql://postgres@127.0.0.1:{self.port}/postgres")
             self._running = True
         except BaseException:
             self.stop()
@@ -361,8 +366,8 @@ class PgCluster:
             raise PgClusterError("cluster not started")
 
     def _cmd(self, *argv: str) -> list[str]:
-        argv = list(argv)
-        return ["runuser", "-u", self.run_as, "--", *argv] if self.run_as else argv
+        argv = ["runuser", "-u", self.run_as, "--", *argv] if self.run_as else list(argv)
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
     def _exec(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         try:
@@ -385,6 +390,9 @@ class PgCluster:
             raise PgClusterError(f"initdb failed ({r.returncode}):\n{r.stdout}\n{r.stderr}".strip())
         with open(os.path.join(self.data_dir, "postgresql.conf"), "a") as f:
             f.write(f"\n# --- okengine tests (tests/pgcluster.py) ---\ninclude = '{_SETTINGS_FILE}'\n")
+        if self.netns:  # clients in other namespaces reach it over the namespace's own subnets
+            with open(os.path.join(self.data_dir, "pg_hba.conf"), "a") as f:
+                f.write("host all all samenet trust\n")
 
     def _write_settings(self) -> None:
         conf = {

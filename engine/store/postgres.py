@@ -29,6 +29,17 @@ log = logging.getLogger("engine.store.postgres")
 CHANNEL = "oke_wake"
 SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the schema
 CONNECT_TIMEOUT_S = 10.0
+# A statement whose reply has not come within this long is given up as an outage (asyncio.TimeoutError):
+# without it a worker cut off from the server by a silent partition (packets dropped, no reset) waits
+# on TCP retransmissions for many minutes, and its emits hang instead of raising StoreUnavailable.
+COMMAND_TIMEOUT_S = 10.0
+SA_COMMAND_TIMEOUT_S = 30.0  # the same bound for operator reads and writes, which may scan more
+# The server's side of a partition: a cut-off client's open transaction (a tape append holds the
+# tape's row lock across round trips) would keep its locks until the server's TCP keepalive gives
+# up (hours), stalling every other process. Our transactions never sit idle between statements,
+# so one idle this long has lost its client: the server ends it and frees its locks.
+SESSION_SETTINGS = {"application_name": "okengine",
+                    "idle_in_transaction_session_timeout": str(int(COMMAND_TIMEOUT_S * 1000))}
 SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writes
 SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
 COMPACT_EVERY_S = 2.0  # how often a busy process folds message-count deltas (store/counts.py)
@@ -186,11 +197,14 @@ class PostgresStore(Store):
         try:
             self.pool = await asyncio.wait_for(
                 asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
-                                    connection_class=_HotConnection,
-                                    server_settings={"application_name": "okengine"}),
+                                    connection_class=_HotConnection, timeout=CONNECT_TIMEOUT_S,
+                                    command_timeout=COMMAND_TIMEOUT_S,
+                                    server_settings=SESSION_SETTINGS),
                 CONNECT_TIMEOUT_S)
             self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW, pool_pre_ping=True,
-                                          connect_args={"timeout": CONNECT_TIMEOUT_S})
+                                          connect_args={"timeout": CONNECT_TIMEOUT_S,
+                                                        "command_timeout": SA_COMMAND_TIMEOUT_S,
+                                                        "server_settings": SESSION_SETTINGS})
             await self.write(_ensure_schema_locked)
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError, ConnectionError) as err:
             await self.close()
@@ -392,7 +406,12 @@ class _acquire:
         self.conn = await self.pool.acquire()
         return self.conn
 
-    async def __aexit__(self, *_exc: Any) -> None:
+    async def __aexit__(self, _type: Any, exc: BaseException | None, _tb: Any) -> None:
+        if isinstance(exc, asyncio.TimeoutError):
+            # The reply never came (command timeout): asyncpg's cancel request would first wait its
+            # own timeout across the same dead link before the release returns, doubling how long a
+            # cut-off emit hangs. The connection's state is unknown anyway: drop it now.
+            self.conn.terminate()
         try:
             await self.pool.release(self.conn)
         except Exception as err:

@@ -33,6 +33,7 @@ from sqlalchemy.pool import StaticPool
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
+from .outage import READ_ONLY, disk_condition, read_only_dir
 from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
 
 T = TypeVar("T")
@@ -385,7 +386,9 @@ class SqliteStore(Store):
             await self.close()
             # SQLAlchemy wraps sqlite3's error (and adds a multi-line hint): report the driver's own line.
             reason = err.orig if isinstance(err, DBAPIError) else err
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {reason}") from err
+            condition = disk_condition(err) or (READ_ONLY if read_only_dir(self.path) else None)
+            lead = f"{condition}: " if condition else ""
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {lead}{reason}") from err
 
     async def close(self) -> None:
         await self._writer.close()

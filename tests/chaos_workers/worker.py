@@ -1,7 +1,7 @@
 """A worker process for the chaos run (bench/chaos.py, tests/test_chaos.py).
 
     python tests/chaos_workers/worker.py --url URL --dir DIR --worker-id ID [--lease-ms N]
-                                         [--concurrency N] [--retries N] [--slow-ms N]
+                                         [--concurrency N] [--retries N] [--slow-ms N] [--probe-ms N]
 
 It declares `chaos.jobs` (once, `--retries`, dead letters on) bound to the flow `chaos.worker`, and
 the live tape `chaos.tape` (optional: nothing needs to listen), boots `oke(...)` on URL with
@@ -21,6 +21,10 @@ Each handler call appends lines (one os.write each, O_APPEND) to DIR/events-<ID>
                                                  handler fails with that error
     E <msg_id> <attempt> <ID> <end_ms>          the handler returns (success)
     F <msg_id> <attempt> <ID> <end_ms>          the handler raises ChaosFailure
+
+With `--probe-ms N` it also emits one `chaos.probe` message every N ms (a once signal of its own,
+consumed by every worker) and appends `P <start_ms> <end_ms> <ok|error class>` to DIR/probe-<ID>:
+the network-fault run (bench/netfaults.py) reads whether emits failed during a partition.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from engine import flow, oke, on, signal  # noqa: E402
 
 JOBS = "chaos.jobs"
+PROBE = "chaos.probe"
 TAPE = "chaos.tape"
 FLOW = "chaos.worker"
 
@@ -115,6 +120,20 @@ def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) 
         log("E", fx.message_id, fx.attempt, me, now_ms())
 
 
+async def probe(app, out: Path, me: str, every_s: float) -> None:
+    """Emit a probe every `every_s` and log how each emit ended."""
+    fd = os.open(out / f"probe-{me}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    while True:
+        started = now_ms()
+        try:
+            await app.emit(PROBE, {"w": me, "at": started})
+            result = "ok"
+        except Exception as err:
+            result = type(err).__name__
+        os.write(fd, f"P {started} {now_ms()} {result}\n".encode())
+        await asyncio.sleep(every_s)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -124,10 +143,13 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--slow-ms", type=int, default=2500)
+    parser.add_argument("--probe-ms", type=int, default=0)
     args = parser.parse_args()
 
     reader = RowReader(args.url)
     declare(args.dir, args.worker_id, args.retries, args.slow_ms / 1000, reader)
+    if args.probe_ms:
+        on(signal.once(PROBE), flow("chaos.prober", do=lambda p, fx: None))
     app = oke("chaos-worker", database_url=args.url, lease_ms=args.lease_ms, worker_id=args.worker_id,
               stop_grace_s=5.0)
     stop_file = args.dir / "stop"
@@ -152,8 +174,12 @@ async def main() -> None:
     try:
         (args.dir / f"ready-{args.worker_id}").write_text(str(os.getpid()))
         watcher = asyncio.create_task(watch_stop())
+        prober = asyncio.create_task(probe(app, args.dir, args.worker_id, args.probe_ms / 1000)) \
+            if args.probe_ms else None
         await app.run(concurrency=args.concurrency)
         watcher.cancel()
+        if prober is not None:
+            prober.cancel()
     finally:
         await app.close()
 
