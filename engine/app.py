@@ -20,6 +20,7 @@ from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
 from .ops import registry
+from .runtime import Runtime
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url
 from .store.base import check_key
@@ -264,16 +265,16 @@ class OkeApp:
 
     async def drain(self, concurrency: int = 8) -> None:
         """Run workers until no message of this app's flows is eligible (tests, scripts)."""
-        self._require_store()
+        runtime = self._runtime()
         self._stop_requested.clear()
-        await WorkerPool(self, self._routes(), concurrency).run(until_idle=True)
+        await WorkerPool(runtime, self._routes(), concurrency).run(until_idle=True)
 
     async def run(self, concurrency: int = 8) -> None:
         """Run workers until `stop()`, refreshing this app's bindings' last_seen meanwhile."""
-        self._require_store()
+        runtime = self._runtime()
         heartbeat = asyncio.create_task(self._heartbeat(), name="oke-bindings-heartbeat")
         try:
-            await WorkerPool(self, self._routes(), concurrency).run(until_idle=False)
+            await WorkerPool(runtime, self._routes(), concurrency).run(until_idle=False)
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
@@ -294,6 +295,12 @@ class OkeApp:
                     raise
                 log.warning("could not refresh the bindings' last_seen (%s); retrying in %.0fs",
                             describe(err), BINDING_HEARTBEAT_S)
+
+
+    def _runtime(self) -> Runtime:
+        """What the workers and their handlers' `Fx` need of this started app (engine/runtime.py)."""
+        return Runtime(self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s,
+                       self._stop_requested, self.emit)
 
 
 def _binding_ttl_ms(ttl: object) -> int:

@@ -12,8 +12,8 @@ from .ids import new_id
 from .signals import Signal
 
 if TYPE_CHECKING:
-    from .app import OkeApp
     from .ops.records import DeadLetter
+    from .runtime import FxHost
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Fx:
 
     __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal", "exposes")
 
-    def __init__(self, app: "OkeApp | None", flow: Flow, *, run_id: str | None = None,
+    def __init__(self, app: "FxHost | None", flow: Flow, *, run_id: str | None = None,
                  parent_run_id: str | None = None, attempt: int = 1, message_id: str | None = None,
                  signal: str | None = None, exposes: str | None = None) -> None:
         self._app = app

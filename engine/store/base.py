@@ -163,7 +163,7 @@ class Store(abc.ABC):
         """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
 
     # Claims one worker may have in flight at once, each on its own connection. More than one lets
-    # a worker claim ahead of its free slots (engine/worker.py); SQLite's claims queue on its one
+    # a worker claim ahead of its free slots (engine/worker/claim_ahead.py); SQLite's claims queue on its one
     # writer thread anyway, so it keeps one.
     concurrent_claims: int = 1
 

@@ -1,0 +1,119 @@
+"""A claim lane: claim (carrying pending outcomes where the store settles with claims), start the
+batch, and when the queues are empty wait for work, or (drain) tell whether everything is idle."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..store import Claimed
+from ..store.base import Waker
+from ..store.outage import is_outage
+from .claim_ahead import ClaimAhead, ewma
+from .settling import Settling
+from .state import log
+from .waiting import IDLE_POLL_S, Backoff, wait_any
+
+
+class Claiming(ClaimAhead, Settling):
+    """The claim lanes of a pool."""
+
+    async def _claim_loop(self, waker: Waker, until_idle: bool) -> None:
+        """One lane, until stopped, or (`until_idle`) until nothing is eligible and nothing runs."""
+        stop = self.runtime.stop
+        backoff = Backoff()
+        while not stop.is_set():
+            size = self._claim_size()
+            if size <= 0:
+                self.slot_free.clear()
+                await wait_any(self.slot_free, stop)
+                await asyncio.sleep(0)  # let sibling completions land: claim in batches
+                continue
+            settles_before = self.settle_count
+            claim = await self._claim(waker, size, backoff)
+            if claim is None:
+                continue  # an outage, its back-off waited out
+            batch, claimed_at = claim
+            if batch:
+                self._start(batch, claimed_at)
+                continue
+            if until_idle:
+                if await self._drained(waker, settles_before):
+                    return
+                continue
+            await self._wait_for_work(waker)
+
+    async def _claim(self, waker: Waker, size: int, backoff: Backoff) -> tuple[list[Claimed], float] | None:
+        """One claim of up to `size` messages and when it was sent; None after an outage, once the
+        back-off is waited out (until then its size and outcomes count as in flight)."""
+        waker.clear()
+        outcomes = self._outcomes_for_claim()
+        self.requested += size
+        started = time.monotonic()
+        runtime = self.runtime
+        try:
+            if outcomes:
+                _held, batch = await self.store.settle_and_claim(
+                    runtime.worker_id, outcomes, self.queues, runtime.lease_ms, size)
+            else:
+                batch = await self.store.claim(self.queues, runtime.worker_id, runtime.lease_ms, size)
+            backoff.reset()
+            self.store_back.set()
+            self.claim_s = ewma(self.claim_s, time.monotonic() - started)
+            return batch, started
+        except Exception as err:
+            if outcomes:  # not settled: back to the settler, which retries or gives up as usual
+                self.pending_outcomes[:0] = outcomes
+                self.outcome_ready.set()
+            if not is_outage(err):
+                raise
+            await self._back_off(err, waker, backoff)
+            return None
+        finally:
+            self.requested -= size
+            self.slot_free.set()  # what this claim asked for is free to ask for again, whatever it got
+            if outcomes:
+                self._end_settle()
+                self.settled.set()
+
+    async def _back_off(self, err: Exception, waker: Waker, backoff: Backoff) -> None:
+        """After a claim lost to an outage: wait before the next one."""
+        log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff.delay)
+        # a wake-up (the LISTEN connection is back, a local emit landed) cuts the back-off short
+        await wait_any(self.runtime.stop, waker.event, timeout=backoff.delay)
+        backoff.grow()
+
+    def _start(self, batch: list[Claimed], claimed_at: float) -> None:
+        """A task per message where claims overlap (each may wait for its slot); else one task runs
+        the batch in turn."""
+        if self.lanes > 1:
+            for claimed in batch:
+                self._track(asyncio.create_task(self._attempt(claimed, claimed_at)), 1)
+        else:
+            # One lane never claims ahead (`_ahead` is 0): every claimed message has its slot,
+            # so it runs at once, without the slot wait, the lease renewal and the handler-time
+            # average that claiming ahead needs.
+            self._track(asyncio.create_task(self._run_in_turn(batch, 0)), len(batch))
+
+    async def _drained(self, waker: Waker, settles_before: int) -> bool:
+        """After an empty claim in a drain: True when nothing runs, waits or changed meanwhile;
+        else False once there may be work again (claim now, or after a wait)."""
+        self._claim_idle()
+        if not self.running and not self.pending_outcomes and not self.settles_in_flight:
+            # A settle that landed during the claim: claim again now. Waiting for its `settled`
+            # could wait out IDLE_POLL_S, since the other lane may have cleared it already.
+            return settles_before == self.settle_count
+        # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
+        # into empty claims for as long as a handler runs. A finished handler (the drain may
+        # be over), a settle (work may be eligible again) or an emit is what counts here.
+        await wait_any(self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=IDLE_POLL_S)
+        self.handler_done.clear()
+        self.settled.clear()
+        return False
+
+    async def _wait_for_work(self, waker: Waker) -> None:
+        """The queues are empty: wait for a wake-up (an emit, a notification), a stop, or the poll."""
+        self._claim_idle()
+        waits = [asyncio.ensure_future(waker.wait(IDLE_POLL_S)), asyncio.ensure_future(self.runtime.stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()

@@ -1,0 +1,112 @@
+"""Running handlers: one attempt of a message, its outcome queued for the settler; handler turns
+(a batch run in one task while its handlers finish without waiting); the stop grace period."""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+
+from .. import payloads
+from ..fx import Fx
+from ..ids import new_id, now_ms
+from ..store import Claimed, Outcome
+from .failures import failure_code, failure_message
+from .state import PoolState, log
+from .turns import Resumed
+
+
+class Running(PoolState):
+    """Handler tasks: started, tracked while they hold a lease, let finish or cancelled at stop."""
+
+    def _track(self, task: asyncio.Task[None], messages: int) -> None:
+        """`task` holds `messages` leases until its handlers end."""
+        self.held += messages
+        self.running.add(task)
+        task.add_done_callback(self._release)
+
+    def _release(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self.slot_free.set()
+        self.handler_done.set()
+
+    async def _run_in_turn(self, batch: list[Claimed], start: int) -> None:
+        """Run the handlers of `batch` from `start` in this one task while each finishes without
+        suspending; the first that suspends keeps this task to itself, and the rest of the batch
+        goes on in a new task. Saves a task a message (3 µs of the event loop's 8.5) for handlers
+        that never wait.
+
+        A handler sees what a task of its own would show it: its own copy of the context, and a
+        current task that runs nothing else while it waits, so asyncio.timeout() and cancels of a
+        waiting handler reach it and nobody else. One difference remains: a handler that finishes
+        without waiting shares its task with the handlers run in turn after it, so a cancel it
+        schedules for its own task to happen later (asyncio.timeout() never does) reaches the
+        handler that task is waiting in by then, which ends as if the worker were stopping.
+        """
+        for i in range(start, len(batch)):
+            coro = self._run_handler(batch[i])
+            context = contextvars.copy_context()
+            try:
+                step = context.run(coro.send, None)
+            except StopIteration:
+                continue
+            if i + 1 < len(batch):
+                self._track(asyncio.create_task(self._run_in_turn(batch, i + 1)), 0)
+            await Resumed(coro, step, context)
+            return
+
+    async def _run_handler(self, claimed: Claimed) -> None:
+        """One attempt: decode, run the flow, queue the outcome for the settler. A stop cancels it
+        without an outcome (the message stays inflight, reclaimable after its lease)."""
+        route = self.routes[claimed.queue]
+        started = now_ms()
+        fx = Fx(self.runtime, route.flow, run_id=new_id("run_"), parent_run_id=claimed.parent_run_id,
+                attempt=claimed.attempts, message_id=claimed.id, signal=claimed.signal)
+        code = message = None
+        try:
+            value = payloads.decode(route.signal, claimed.payload)
+            handler = route.flow.do
+            assert handler is not None
+            if route.is_async:
+                await handler(value, fx)
+            else:
+                result = await asyncio.to_thread(handler, value, fx)
+                if inspect.isawaitable(result):
+                    await result
+            ok = True
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # stopping: leave the message inflight, reclaimable after its lease
+            # the handler's own code raised it (it awaited something cancelled): a failure
+            ok = False
+            code, message = failure_code(exc), failure_message(exc)
+        except Exception as exc:
+            ok = False
+            code, message = failure_code(exc), failure_message(exc)
+        finally:
+            self.held -= 1  # ended, with an outcome or (stopping) without one
+        self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
+                                             now_ms(), code, message))
+        self.outcome_ready.set()
+
+    async def _finish_running(self) -> None:
+        """Let running handlers end within the grace period; the rest are cancelled and stay
+        reclaimable."""
+        _done, late = await asyncio.wait(self.running, timeout=self.runtime.stop_grace_s)
+        if late:
+            log.warning("%d handlers outlived the stop grace period; their messages will be "
+                        "reclaimed after the lease", len(late))
+            await self._cancel_running()
+
+    async def _cancel_running(self) -> None:
+        """Cancel the running handlers at once (their messages stay inflight, reclaimable after the
+        lease) and give them the stop grace period to unwind. One that swallows the cancel and
+        runs on is left behind: the settler stops waiting for it, and its message is reclaimed."""
+        tasks = list(self.running)
+        for task in tasks:
+            task.cancel()
+        _done, stuck = await asyncio.wait(tasks, timeout=self.runtime.stop_grace_s)
+        if stuck:
+            log.warning("%d handlers ignored the cancel; their messages will be reclaimed after the lease",
+                        len(stuck))
+            self.running.difference_update(stuck)

@@ -1,0 +1,53 @@
+"""What the pool's parts share: the leases held, the slots, the outcomes waiting, the averages.
+
+The claim lanes, the settler and the handler tasks of one pool run on one event loop and hand work
+to each other through these fields. Each module of this package adds the methods of one job to
+this one object (claiming, claim-ahead, running, settling) rather than being an object of its
+own: the claim/settle loop reads and writes these fields for every message, and it is tuned to the
+microsecond (bench/ONCE.md), so they stay plain attributes of one instance.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..runtime import Runtime
+from ..store import Outcome
+from .route import Route
+
+log = logging.getLogger("engine.worker")
+
+
+class PoolState:
+    """The state of one worker pool; the methods are in the modules that subclass it."""
+
+    def __init__(self, runtime: Runtime, routes: dict[str, Route], concurrency: int) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int ≥ 1, got {concurrency!r}")
+        self.runtime = runtime
+        self.store = runtime.store
+        self.routes = routes
+        self.queues = sorted(routes)
+        self.concurrency = concurrency
+        # Every leased message of this worker has a task here: running its handler, or (claimed
+        # ahead) waiting for one of the `concurrency` slots.
+        self.running: set[asyncio.Task[None]] = set()
+        self.held = 0  # leased messages whose handler has not ended yet (running or waiting for a slot)
+        self.slots = asyncio.Semaphore(concurrency)
+        self.lanes = max(1, self.store.concurrent_claims)
+        self.requested = 0  # rows asked for by claims in flight
+        self.handler_s = 0.0  # moving averages; 0 until measured (no claiming ahead before that)
+        self.claim_s = 0.0
+        self.slot_free = asyncio.Event()
+        self.handler_done = asyncio.Event()  # a handler task ended (drain: is everything idle now?)
+        self.pending_outcomes: list[Outcome] = []
+        self.outcome_ready = asyncio.Event()
+        self.settled = asyncio.Event()
+        self.settle_count = 0  # finished settles; drain compares it across a claim
+        self.settles_in_flight = 0
+        # Set while the claim loop is about to claim (or waits for a slot to claim into): on stores
+        # that settle with claims, the outcomes ride along with that claim (one commit, not two)
+        # and the settler leaves them; it settles them itself only when no claim is coming.
+        self.claim_pending = False
+        self.stopping = False
+        self.store_back = asyncio.Event()  # set by each successful claim: cuts a settle back-off short
