@@ -296,7 +296,6 @@ class OkeApp:
                 log.warning("could not refresh the bindings' last_seen (%s); retrying in %.0fs",
                             describe(err), BINDING_HEARTBEAT_S)
 
-
     def _runtime(self) -> Runtime:
         """What the workers and their handlers' `Fx` need of this started app (engine/runtime.py)."""
         return Runtime(self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s,
