@@ -154,8 +154,8 @@ class DetailScreen(ConsoleScreen):
 
 
 def failure_lines(failures: list[Any]) -> Text:
-    """Every failure, newest first: `attempt N · CODE · when` over its message, which wraps by
-    words at any width (a table would cut it at 80 columns)."""
+    """Every failure, newest first: `attempt N · CODE`, its time on a line of its own (so it is never
+    split), then its message, which wraps by words at any width (a table would cut it at 80 columns)."""
     text = Text()
     for f in reversed(failures):
         style = "b cyan" if f.code == "replayed" else "b red"
@@ -163,6 +163,6 @@ def failure_lines(failures: list[Any]) -> Text:
             text.append("\n")
         text.append(f"attempt {f.attempt} · ", "dim")
         text.append(f.code, style)
-        text.append(f" · {fmt.clock(f.at)}\n", "dim")
+        text.append(f"\n  at {fmt.clock(f.at)}\n", "dim")
         text.append(f"  {f.message}\n" if f.message else "")
     return text if text else Text("none", "dim")

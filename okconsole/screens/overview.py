@@ -21,6 +21,7 @@ COLUMNS = [("signal", "Signal"), ("kind", "Kind"), ("pending", "Pending"), ("inf
            ("delivered", "Delivered"), ("dead", "Dead"), ("lag", "Lag"), ("rate", "Done/s"),
            ("activity", "Activity")]
 HISTORY = 32
+SPARKLINE_MIN_WIDTH = 100  # columns: narrower (80×24) drops the sparkline so the counts fit on screen
 
 
 class OverviewScreen(ConsoleScreen):
@@ -47,6 +48,18 @@ class OverviewScreen(ConsoleScreen):
     def focus_main(self) -> None:
         self.query_one("#signals", DataTable).focus()
 
+    def on_resize(self) -> None:
+        self.fit_columns()
+
+    def fit_columns(self) -> None:
+        """The Activity sparkline only where it fits beside the counts (it is the last column)."""
+        table = self.query_one("#signals", DataTable)
+        wide = self.app.size.width >= SPARKLINE_MIN_WIDTH
+        if wide and "activity" not in table.columns:
+            table.add_column(COLUMNS[-1][1], key="activity")
+        elif not wide and "activity" in table.columns:
+            table.remove_column("activity")
+
     async def load(self) -> None:
         stats = await self.console.data.call(ops.stats)
         retained: dict[str, int] = {}
@@ -62,6 +75,8 @@ class OverviewScreen(ConsoleScreen):
         """`heads`: each live tape's head seq; its rate counts appended events (the retained count
         stops growing at the retention cap)."""
         table = self.query_one("#signals", DataTable)
+        self.fit_columns()
+        shown = [c for c, _ in COLUMNS if c in table.columns]
         keep = text_filter(self.filter_text) if self.filter_text else None
         now = time.monotonic()
         wanted: dict[str, list[Any]] = {}
@@ -90,8 +105,8 @@ class OverviewScreen(ConsoleScreen):
                 kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
                 cells = [row.signal, kind, str(row.pending), str(row.inflight), str(row.delivered), dead,
                          lag, f"{rate:.1f}", fmt.sparkline(list(spark))]
-            wanted[row.signal] = cells
-        sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
+            wanted[row.signal] = cells[:len(shown)]
+        sync_rows(table, list(wanted.items()), shown)
         if not stats:
             note = ("No signals in this store yet. Boot an app on it (or run `okconsole demo`) "
                     "and they appear here.")
