@@ -19,7 +19,7 @@ from engine.ops import tapes
 
 from .. import fmt
 from ..data import StoreDown
-from .base import ConsoleScreen
+from .base import ConsoleScreen, text_filter
 from .modals import PromptScreen
 
 BACKLOG = 10  # like `okconsole tail`: the last 10 retained events, then follow
@@ -84,8 +84,23 @@ class TailScreen(ConsoleScreen):
     def update_title(self) -> None:
         source = f"SSE {self.url}" if self.url else "store"
         state = "following" if self.following else "[b yellow]paused[/]"
+        shown = f" · showing {len(self.shown_lines())} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events · cursor {self.cursor or '—'}")
+            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events{shown} · "
+            f"cursor {self.cursor or '—'}")
+
+    def matches(self, line: TailLine) -> bool:
+        """'/' keeps the lines whose id or JSON contains the text (any case; '!' inverts)."""
+        return not self.filter_text or text_filter(self.filter_text)(line.text(False))
+
+    def shown_lines(self) -> list[TailLine]:
+        return [line for line in self.lines if self.matches(line)]
+
+    def apply_filter(self, text: str) -> None:
+        """Filter what is drawn (and saved); every event is still received and kept."""
+        self.filter_text = text
+        self.redraw()
+        self.update_title()
 
     def notice(self, text: str) -> None:
         widget = self.query_one("#notice", Static)
@@ -97,10 +112,13 @@ class TailScreen(ConsoleScreen):
         self.lines.append(line)
         if len(self.lines) > KEEP:
             del self.lines[: len(self.lines) - KEEP]
-        log = self.log_widget
-        log.write(Text(line.text(self.stamps)))
         self.cursor = event_id
         self.received += 1
+        if not self.matches(line):
+            self.update_title()
+            return
+        log = self.log_widget
+        log.write(Text(line.text(self.stamps)))
         if self.following:
             log.scroll_end(animate=False)
         else:
@@ -138,7 +156,7 @@ class TailScreen(ConsoleScreen):
         """Write every kept line again (after a wrap or timestamp toggle), keeping the follow state."""
         log = self.log_widget
         log.clear()
-        for line in self.lines:
+        for line in self.shown_lines():
             log.write(Text(line.text(self.stamps)))
         if self.following:
             log.scroll_end(animate=False)
@@ -158,7 +176,7 @@ class TailScreen(ConsoleScreen):
 
     def action_save(self) -> None:
         default = f"{self.signal}-tail-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-        self.app.push_screen(PromptScreen(f"Save the {len(self.lines)} lines of this tail to (enter saves, "
+        self.app.push_screen(PromptScreen(f"Save the {len(self.shown_lines())} lines of this tail to (enter saves, "
                                           "esc cancels):", value=default),
                              lambda path: self.call_after_refresh(self.save_to, path))
 
@@ -170,11 +188,11 @@ class TailScreen(ConsoleScreen):
         try:
             if target.exists():
                 raise FileExistsError(f"{target} exists (choose another name)")
-            target.write_text("".join(line.text(self.stamps) + "\n" for line in self.lines), encoding="utf-8")
+            target.write_text("".join(line.text(self.stamps) + "\n" for line in self.shown_lines()), encoding="utf-8")
         except OSError as err:
             self.notify(f"not saved: {err}", severity="error")
             return
-        self.notify(f"saved {len(self.lines)} lines to {target}")
+        self.notify(f"saved {len(self.shown_lines())} lines to {target}")
 
     async def follow_store(self) -> None:
         data = self.console.data
