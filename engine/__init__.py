@@ -1,4 +1,5 @@
 """okengine: an embedded job and event engine on SQLite or PostgreSQL."""
+
 from __future__ import annotations
 
 from .app import OkeApp, oke
@@ -8,8 +9,22 @@ from .fx import Fx
 from .http import Forbidden, Unauthorized, gate, http
 from .signals import Signal, forget_declarations, signal
 
-__all__ = ["Forbidden", "Fx", "OkeApp", "OkeError", "Signal", "StoreUnavailable", "Unauthorized", "flow",
-           "gate", "http", "oke", "on", "reset", "signal"]
+__all__ = [
+    "Forbidden",
+    "Fx",
+    "OkeApp",
+    "OkeError",
+    "Signal",
+    "StoreUnavailable",
+    "Unauthorized",
+    "flow",
+    "gate",
+    "http",
+    "oke",
+    "on",
+    "reset",
+    "signal",
+]
 
 
 def reset() -> None:

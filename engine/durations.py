@@ -1,4 +1,5 @@
 """Duration strings such as "30s", "24h" or "7d" (one positive integer and one unit)."""
+
 from __future__ import annotations
 
 import re

@@ -3,29 +3,34 @@
 Every engine error a user can meet is an `OkeError` whose text starts with
 `OKE<code>`, so logs and scripts can grep for it.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 # code -> (cause template, fix)
 CATALOGUE: dict[int, tuple[str, str]] = {
-    1001: ('Flow "{flow}" reads "signal:{name}" without declaring it.',
-           'Add "signal:{name}" to the flow\'s effects={{"reads": [...]}}.'),
-    1041: ("{method} {path} is bound twice (flow \"{flow}\").",
-           "Bind each method and path once."),
-    1050: ('Live signal "{signal}" is exposed twice with the same gates ({gates}) and match ({match}).',
-           "Give the second exposure other gates or a match, or remove it."),
-    1071: ('Once signal "{signal}" is bound to more than one Flow ({flows}).',
-           "Use signal.broadcast if each flow should independently receive this event, or bind only one "
-           "flow if these should compete for the same work."),
-    1072: ('A signal flow on "{trigger}" has no name.',
-           'Give the flow a name: flow("workers.something", ...).'),
-    1210: ('Cursor "{afterId}" missing on "{signal}".',
-           "Reconnect without Last-Event-ID to replay the retained tape."),
-    1240: ('Flow "{flow}" emits signal "{resource}" with no subscriber.',
-           "Bind a flow with on(signal, ...) or declare the signal with optional=True."),
-    1250: ('"{resource}": {detail}',
-           "Emit a payload that matches the signal's schema."),
+    1001: (
+        'Flow "{flow}" reads "signal:{name}" without declaring it.',
+        'Add "signal:{name}" to the flow\'s effects={{"reads": [...]}}.',
+    ),
+    1041: ('{method} {path} is bound twice (flow "{flow}").', "Bind each method and path once."),
+    1050: (
+        'Live signal "{signal}" is exposed twice with the same gates ({gates}) and match ({match}).',
+        "Give the second exposure other gates or a match, or remove it.",
+    ),
+    1071: (
+        'Once signal "{signal}" is bound to more than one Flow ({flows}).',
+        "Use signal.broadcast if each flow should independently receive this event, or bind only one "
+        "flow if these should compete for the same work.",
+    ),
+    1072: ('A signal flow on "{trigger}" has no name.', 'Give the flow a name: flow("workers.something", ...).'),
+    1210: ('Cursor "{afterId}" missing on "{signal}".', "Reconnect without Last-Event-ID to replay the retained tape."),
+    1240: (
+        'Flow "{flow}" emits signal "{resource}" with no subscriber.',
+        "Bind a flow with on(signal, ...) or declare the signal with optional=True.",
+    ),
+    1250: ('"{resource}": {detail}', "Emit a payload that matches the signal's schema."),
 }
 
 
@@ -44,7 +49,7 @@ class OkeError(Exception):
         return f"{text} Fix: {self.fix}" if self.fix else text
 
     @classmethod
-    def of(cls, code: int, **fields: Any) -> "OkeError":
+    def of(cls, code: int, **fields: Any) -> OkeError:
         """Build the catalogued error `code`, filling its templates from `fields`."""
         cause, fix = CATALOGUE[code]
         return cls(code, cause.format(**fields), fix.format(**fields), data=fields)

@@ -3,10 +3,12 @@
 `flow()` wraps a handler; `on(trigger, flow)` binds it. Bindings collect in a
 process registry that `oke()` adopts, so declaring them is import-time code.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import OkeError
 from .signals import Signal, check_name, declared
@@ -46,8 +48,9 @@ def _check_effects(effects: object) -> frozenset[str]:
     return frozenset(reads)
 
 
-def flow(name: str | None = None, *, do: Handler | None = None, durable: bool = False,
-         effects: dict[str, Any] | None = None) -> Any:
+def flow(
+    name: str | None = None, *, do: Handler | None = None, durable: bool = False, effects: dict[str, Any] | None = None
+) -> Any:
     """A Flow when `do` is given, else a decorator that turns a function into one."""
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise TypeError(f"flow(name): the name must be a non-empty string, got {name!r}")
@@ -79,7 +82,9 @@ class Binding:
 
 
 _BINDINGS: list[Binding] = []
-_ROUTE_BINDER: list[Callable[[Any, Flow | None], Any]] = []
+# `on(route, ...)` is handed to these (the HTTP layer registers one); NotImplemented means "not mine".
+RouteBinder = Callable[[Any, Flow | Handler | None], Any]
+_ROUTE_BINDER: list[RouteBinder] = []
 
 
 def _resolve_trigger(trigger: object) -> Any:
@@ -112,7 +117,7 @@ def on(trigger: Any, bound: Flow | Handler | None = None) -> Any:
     return bind if bound is None else bind(bound)
 
 
-def register_route_binder(binder: Callable[[Any, Flow | None], Any]) -> None:
+def register_route_binder(binder: RouteBinder) -> None:
     """Let the HTTP layer handle `on(route, ...)` without this module importing it."""
     if binder not in _ROUTE_BINDER:
         _ROUTE_BINDER.append(binder)
@@ -150,8 +155,10 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
         if binding.flow.name is None:
             raise OkeError.of(1072, trigger=trigger.name)
         if trigger.kind == "live":
-            raise TypeError(f'on(signal.live("{trigger.name}"), flow "{binding.flow.name}"): a live signal '
-                            f"is a tape, not a queue; expose it with on(http.live(signal)) instead")
+            raise TypeError(
+                f'on(signal.live("{trigger.name}"), flow "{binding.flow.name}"): a live signal '
+                f"is a tape, not a queue; expose it with on(http.live(signal)) instead"
+            )
         manifest.signals[trigger.name] = trigger
         flows = manifest.signal_flows.setdefault(trigger.name, [])
         namesake = next((f for f in flows if f.name == binding.flow.name), None)
@@ -162,10 +169,12 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
             names = ", ".join(f'"{f.name}"' for f in flows)
             raise OkeError.of(1071, signal=trigger.name, flows=names)
         if namesake is not None:
-            raise ValueError(f'on(signal.broadcast("{trigger.name}")): flow "{namesake.name}" is bound twice '
-                             f"with different handlers ({_handler_name(namesake)} and "
-                             f"{_handler_name(binding.flow)}); a broadcast copy goes to each flow by name, "
-                             f"so give each handler its own flow name")
+            raise ValueError(
+                f'on(signal.broadcast("{trigger.name}")): flow "{namesake.name}" is bound twice '
+                f"with different handlers ({_handler_name(namesake)} and "
+                f"{_handler_name(binding.flow)}); a broadcast copy goes to each flow by name, "
+                f"so give each handler its own flow name"
+            )
     return manifest
 
 

@@ -1,10 +1,12 @@
 """The per-run context a handler receives: emit, dead letters, durable steps, ids."""
+
 from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import OkeError
 from .flows import Flow
@@ -29,9 +31,18 @@ class Fx:
 
     __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal", "exposes")
 
-    def __init__(self, app: "FxHost | None", flow: Flow, *, run_id: str | None = None,
-                 parent_run_id: str | None = None, attempt: int = 1, message_id: str | None = None,
-                 signal: str | None = None, exposes: str | None = None) -> None:
+    def __init__(
+        self,
+        app: FxHost | None,
+        flow: Flow,
+        *,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        attempt: int = 1,
+        message_id: str | None = None,
+        signal: str | None = None,
+        exposes: str | None = None,
+    ) -> None:
         self._app = app
         self.flow = flow
         self.run_id = run_id or new_id("run_")
@@ -49,8 +60,7 @@ class Fx:
         """Validate and store a message; it records this run as its parent. Resolves on commit."""
         if self._app is None:
             raise RuntimeError("fx.emit requires a bound signal runtime")
-        return await self._app.emit(signal, payload, key=key, parent_run_id=self.run_id,
-                                    emitter=self.flow.name)
+        return await self._app.emit(signal, payload, key=key, parent_run_id=self.run_id, emitter=self.flow.name)
 
     def require_read(self, name: str) -> None:
         """OKE1001 unless this flow declared `signal:<name>` in its reads."""
@@ -71,13 +81,14 @@ class Fx:
             raise TypeError("fx.live(match=...): match must be callable")
         return LiveBody(signal, match)
 
-    async def dead_letters(self, signal: Signal | str) -> list["DeadLetter"]:
+    async def dead_letters(self, signal: Signal | str) -> list[DeadLetter]:
         """Dead messages of `signal`, newest first (needs `signal:<name>` in effects.reads)."""
         name = signal.name if isinstance(signal, Signal) else signal
         self.require_read(name)
         if self._app is None or self._app.store is None:
             raise RuntimeError("fx.dead_letters requires a bound signal runtime")
         from . import ops
+
         return await ops.dead_letters(self._app.store, name)
 
     async def step(self, name: str, fn: Callable[[], Any | Awaitable[Any]]) -> Any:
@@ -87,6 +98,7 @@ class Fx:
         if self._app is None or self._app.store is None or self.message_id is None:
             raise RuntimeError("fx.step requires a bound signal runtime")
         from .ops import steps
+
         store = self._app.store
         found = await store.read(lambda conn: steps.load(conn, self.message_id or "", name))
         if found is not None:
@@ -98,8 +110,7 @@ class Fx:
             encoded = json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise TypeError(f'fx.step("{name}"): the result must be JSON-serializable ({err})') from err
-        recorded = await store.write(
-            lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
+        recorded = await store.write(lambda conn: steps.save(conn, self.message_id or "", name, encoded, self.run_id))
         # The recorded value, as a retry will get it (tuples as lists, int dict keys as strings), so
         # every attempt sees the same thing, including a twin holder's result when it finished first.
         return json.loads(recorded)

@@ -1,4 +1,5 @@
 """Time-ordered unique ids: sortable by creation, unique across processes and machines."""
+
 from __future__ import annotations
 
 import itertools
@@ -35,7 +36,7 @@ class _Millisecond:
         self.ms = ms
         self.stamp = base32(ms, 10)
         # Below 2**79 + 2**78: a counter this far from the top cannot reach 2**80 in one millisecond.
-        self.counter = itertools.count(int.from_bytes(os.urandom(10), "big") % (2 ** 79 + 2 ** 78))
+        self.counter = itertools.count(int.from_bytes(os.urandom(10), "big") % (2**79 + 2**78))
 
 
 _current = _Millisecond(-1)
@@ -60,9 +61,11 @@ def new_id(prefix: str = "") -> str:
         current = _current = _Millisecond(ms)
     noise = next(current.counter)
     pairs = _PAIRS
-    return (f"{prefix}{current.stamp}{pairs[noise >> 70]}{pairs[(noise >> 60) & 1023]}"
-            f"{pairs[(noise >> 50) & 1023]}{pairs[(noise >> 40) & 1023]}{pairs[(noise >> 30) & 1023]}"
-            f"{pairs[(noise >> 20) & 1023]}{pairs[(noise >> 10) & 1023]}{pairs[noise & 1023]}")
+    return (
+        f"{prefix}{current.stamp}{pairs[noise >> 70]}{pairs[(noise >> 60) & 1023]}"
+        f"{pairs[(noise >> 50) & 1023]}{pairs[(noise >> 40) & 1023]}{pairs[(noise >> 30) & 1023]}"
+        f"{pairs[(noise >> 20) & 1023]}{pairs[(noise >> 10) & 1023]}{pairs[noise & 1023]}"
+    )
 
 
 def now_ms() -> int:

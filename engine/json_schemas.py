@@ -5,6 +5,7 @@ edited payload must still meet it (a payload that fails goes dead again on its f
 So boot records the model's JSON Schema in the store, and a replacement payload is validated
 against it with `jsonschema`. A plain callable schema has no JSON Schema: None.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,5 @@ def check(signal: str, schema_text: str, value: Any) -> None:
     errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
     if not errors:
         return
-    details = [f"{'.'.join(str(p) for p in e.absolute_path) or 'payload'}: {e.message}"
-               for e in errors[:MAX_DETAILS]]
+    details = [f"{'.'.join(str(p) for p in e.absolute_path) or 'payload'}: {e.message}" for e in errors[:MAX_DETAILS]]
     raise OkeError.of(1250, resource=signal, detail="; ".join(details))

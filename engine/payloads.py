@@ -3,6 +3,7 @@
 A payload is stored as JSON text. It is checked against the signal's schema,
 then encoded; any failure is OKE1250 and nothing is stored.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,6 +91,9 @@ class _Shape(Exception):
         self.path: list[Any] = []
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def _check_tree(value: Any, max_bytes: int) -> None:
     """Refuse, before encoding, what JSON text would not carry faithfully or the limits refuse.
 
@@ -100,71 +104,83 @@ def _check_tree(value: Any, max_bytes: int) -> None:
       expand without bound in json.dumps, so past _EXPANSION_GUARD times the limit it stops here.
     Anything else (numbers, NaN, sets, objects) is left to json.dumps and its own messages.
     """
-    cap = max_bytes * _EXPANSION_GUARD
-    size = 0
-    on_path: set[int] = set()
-    done: dict[int, tuple[int, int]] = {}  # container id -> (size, height), for values shared many times
-    containers = (dict, list, tuple)
+    if isinstance(value, _CONTAINERS):
+        _TreeWalk(max_bytes).walk(value, 0)
 
-    def child(item: Any, depth: int) -> int:
+
+class _TreeWalk:
+    """One walk of a payload's containers, counting a lower bound of its encoded size as it goes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.cap = max_bytes * _EXPANSION_GUARD
+        self.size = 0
+        self.on_path: set[int] = set()
+        self.done: dict[int, tuple[int, int]] = {}  # container id -> (size, height), for values shared many times
+
+    def _too_big(self) -> _Shape:
+        return _Shape(f"payload is more than {self.cap} bytes; the limit is {self.max_bytes} bytes")
+
+    def child(self, item: Any, depth: int) -> int:
         """Count a container met at `depth`; its height (levels of containers, itself included)."""
-        nonlocal size
-        seen = done.get(id(item))
+        seen = self.done.get(id(item))
         if seen is not None and depth + seen[1] <= MAX_DEPTH:
-            size += seen[0]
-            if size > cap:
-                raise _Shape(f"payload is more than {cap} bytes; the limit is {max_bytes} bytes")
+            self.size += seen[0]
+            if self.size > self.cap:
+                raise self._too_big()
             return seen[1]
-        start = size
-        height = walk(item, depth)
-        done[id(item)] = (size - start, height)
+        start = self.size
+        height = self.walk(item, depth)
+        self.done[id(item)] = (self.size - start, height)
         return height
 
-    def walk(item: Any, depth: int) -> int:  # item is a container; scalars are counted inline
-        nonlocal size
+    def walk(self, item: Any, depth: int) -> int:
+        """Walk a container (scalars are counted by its entries); its height."""
         if depth >= MAX_DEPTH:
             raise _Shape(f"{{where}} nests deeper than {MAX_DEPTH} levels")
         ident = id(item)
-        if ident in on_path:
+        if ident in self.on_path:
             raise _Shape("{where} contains itself (a circular reference)")
-        on_path.add(ident)
-        size += 2
-        below = 0
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if not isinstance(key, str):
-                    raise _Shape(f"{{where}} has a key that is not a string ({type(key).__name__} "
-                                 f"{_short(key)}); JSON object keys are strings")
-                size += len(key) + 4
-                if isinstance(value, str):
-                    size += len(value) + 2
-                elif isinstance(value, containers):
-                    try:
-                        below = max(below, child(value, depth + 1))
-                    except _Shape as err:
-                        err.path.append(key)
-                        raise
-                else:
-                    size += 1
-        else:
-            for index, value in enumerate(item):
-                if isinstance(value, str):
-                    size += len(value) + 3
-                elif isinstance(value, containers):
-                    try:
-                        below = max(below, child(value, depth + 1))
-                    except _Shape as err:
-                        err.path.append(index)
-                        raise
-                else:
-                    size += 2
-        on_path.discard(ident)
-        if size > cap:
-            raise _Shape(f"payload is more than {cap} bytes; the limit is {max_bytes} bytes")
+        self.on_path.add(ident)
+        self.size += 2
+        below = self._object(item, depth) if isinstance(item, dict) else self._array(item, depth)
+        self.on_path.discard(ident)
+        if self.size > self.cap:
+            raise self._too_big()
         return below + 1
 
-    if isinstance(value, containers):
-        walk(value, 0)
+    def _object(self, item: dict[Any, Any], depth: int) -> int:
+        below = 0
+        for key, value in item.items():
+            if not isinstance(key, str):
+                raise _Shape(
+                    f"{{where}} has a key that is not a string ({type(key).__name__} "
+                    f"{_short(key)}); JSON object keys are strings"
+                )
+            self.size += len(key) + 4
+            below = max(below, self._entry(key, value, depth, 1))
+        return below
+
+    def _array(self, item: list[Any] | tuple[Any, ...], depth: int) -> int:
+        below = 0
+        for index, value in enumerate(item):
+            below = max(below, self._entry(index, value, depth, 2))
+        return below
+
+    def _entry(self, step: str | int, value: Any, depth: int, scalar_bytes: int) -> int:
+        """Count one entry's value (a scalar adds `scalar_bytes`, a string also its quotes and text);
+        the height of the containers below it, 0 for a scalar."""
+        if isinstance(value, str):
+            self.size += len(value) + scalar_bytes + 1
+            return 0
+        if isinstance(value, _CONTAINERS):
+            try:
+                return self.child(value, depth + 1)
+            except _Shape as err:
+                err.path.append(step)
+                raise
+        self.size += scalar_bytes
+        return 0
 
 
 def _short(value: Any) -> str:
@@ -182,4 +198,3 @@ def decode(signal: Signal, text: str) -> Any:
         # JSON mode: a strict model accepts its own JSON (a date as "2026-01-31") only from JSON
         return schema.model_validate_json(text)
     return json.loads(text)
-

@@ -4,6 +4,7 @@ The app (engine/app.py) builds one when its workers start, once the store is ope
 `Fx` see only this, so neither imports `engine.app`, and neither reaches for the app's private
 state (its stop event, its store check): what they use is spelled out here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,15 @@ if TYPE_CHECKING:
 class Emit(Protocol):
     """`OkeApp.emit`: validate and store a message, resolve with its id once committed."""
 
-    async def __call__(self, signal: Signal | str, payload: Any = None, *, key: str | None = None,
-                       parent_run_id: str | None = None, emitter: str | None = None) -> str: ...
+    async def __call__(
+        self,
+        signal: Signal | str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        parent_run_id: str | None = None,
+        emitter: str | None = None,
+    ) -> str: ...
 
 
 class FxHost(Protocol):
@@ -29,8 +37,15 @@ class FxHost(Protocol):
     @property
     def store(self) -> Store | None: ...
 
-    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None,
-                   parent_run_id: str | None = None, emitter: str | None = None) -> str: ...
+    async def emit(
+        self,
+        signal: Signal | str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        parent_run_id: str | None = None,
+        emitter: str | None = None,
+    ) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

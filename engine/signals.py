@@ -4,11 +4,12 @@ A Signal is a plain, immutable description; it does nothing until an app boots
 with flows bound to it. Every option is checked here, at declare time, so a
 typo fails on import rather than on the first emit at 3 a.m.
 """
+
 from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -59,12 +60,12 @@ def check_name(name: object, where: str = "signal", what: str = "signal") -> str
     if not isinstance(name, str):
         raise TypeError(f"{where}: the name must be a string, got {type(name).__name__}")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
-        raise ValueError(f"{where}({name[:40]!r}): a {what} name has 1 to {MAX_NAME_LENGTH} characters, "
-                         f"this one has {len(name)}")
+        raise ValueError(
+            f"{where}({name[:40]!r}): a {what} name has 1 to {MAX_NAME_LENGTH} characters, this one has {len(name)}"
+        )
     bad = [ch for ch in name if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")]
     if bad:
-        raise ValueError(f"{where}({name!r}): a {what} name may not contain control characters "
-                         f"(found {bad[0]!r})")
+        raise ValueError(f"{where}({name!r}): a {what} name may not contain control characters (found {bad[0]!r})")
     return name
 
 
@@ -74,8 +75,10 @@ def _check_schema(label: str, schema: object) -> None:
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         return
     if isinstance(schema, type) or not callable(schema):
-        raise TypeError(f"{label}: schema must be a pydantic model class, a pydantic TypeAdapter "
-                        f"or a callable f(value) -> value, got {schema!r}")
+        raise TypeError(
+            f"{label}: schema must be a pydantic model class, a pydantic TypeAdapter "
+            f"or a callable f(value) -> value, got {schema!r}"
+        )
 
 
 def _check_retention(label: str, retention: object) -> Retention:
@@ -85,8 +88,7 @@ def _check_retention(label: str, retention: object) -> Retention:
         raise TypeError(f'{label}: retention must be a dict like {{"max_age": "24h", "max_count": 1000}}')
     unknown = set(retention) - {"max_age", "max_count"}
     if unknown:
-        raise TypeError(f"{label}: unknown retention option {sorted(unknown)[0]!r} "
-                        f"(known: max_age, max_count)")
+        raise TypeError(f"{label}: unknown retention option {sorted(unknown)[0]!r} (known: max_age, max_count)")
     max_age = retention.get("max_age")
     max_age_ms = None
     if max_age is not None:
@@ -94,8 +96,7 @@ def _check_retention(label: str, retention: object) -> Retention:
         if max_age_ms is None:
             raise ValueError(f'{label}: retention.max_age must be a duration like "24h" or "30s"')
     max_count = retention.get("max_count")
-    if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int)
-                                  or max_count < 1):
+    if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1):
         raise ValueError(f"{label}: retention.max_count must be an integer ≥ 1")
     return Retention(max_age_ms=max_age_ms, max_count=max_count, max_age=max_age)
 
@@ -104,8 +105,7 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
     label = f"signal.{kind}({name!r})" if not isinstance(name, str) else f'signal.{kind}("{name}")'
     unknown = set(options) - _OPTIONS
     if unknown:
-        raise TypeError(f"{label}: unknown option {sorted(unknown)[0]!r} "
-                        f"(known: {', '.join(sorted(_OPTIONS))})")
+        raise TypeError(f"{label}: unknown option {sorted(unknown)[0]!r} (known: {', '.join(sorted(_OPTIONS))})")
     check_name(name, f"signal.{kind}")
     assert isinstance(name, str)
     retries = options.get("retries", 3)
@@ -125,9 +125,17 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
     description = options.get("description", name)
     if not isinstance(description, str):
         raise TypeError(f"{label}: description must be a string")
-    declared = Signal(name=name, kind=kind, schema=schema, retries=retries, dead_letter=dead_letter,
-                      optional=optional, retention=rule.as_dict() or None,
-                      description=description or name, retention_rule=rule)
+    declared = Signal(
+        name=name,
+        kind=kind,
+        schema=schema,
+        retries=retries,
+        dead_letter=dead_letter,
+        optional=optional,
+        retention=rule.as_dict() or None,
+        description=description or name,
+        retention_rule=rule,
+    )
     _REGISTRY[name] = declared
     return declared
 
@@ -169,5 +177,3 @@ class _SignalFactory:
 
 
 signal = _SignalFactory()
-
-SchemaLike = Callable[[Any], Any] | type[BaseModel] | TypeAdapter | None

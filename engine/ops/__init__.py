@@ -14,10 +14,12 @@ replacement payload the signal's schema (or its recorded JSON Schema) refuses.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 import warnings
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .. import json_schemas
 from ..signals import declared
@@ -159,54 +161,70 @@ async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *,
     changes nothing and returns the count and up to 20 ids.
     Named ids that are no longer dead are skipped (a concurrent replay took them).
     """
-    if isinstance(ids, str):
-        ids = [ids]  # one id, not its characters
-    id_list = None if ids is None else list(dict.fromkeys(ids))
-    if all and id_list:
-        raise ValueError("name message ids or pass all=True, not both")
-    if not all and not id_list:
-        raise ValueError("name the dead letters to replay (ids), or pass all=True")
-    if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
-                                      or older_than_ms < 0):
-        raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
+    id_list = _replay_ids(ids, all)
+    _check_age(older_than_ms)
     pace = _parse_rate(rate)
     payload_text = None
     unchecked: str | None = None
     if payload is not UNCHANGED:
-        if all or id_list is None or len(id_list) != 1:
+        if id_list is None or len(id_list) != 1:
             raise ValueError("a replacement payload applies to exactly one message: name one id")
         unchecked = await _check_payload(store, signal, payload)
         payload_text = repair.encode_payload(signal, payload)
-    sel = repair.Selection(signal=signal, ids=None if all else tuple(id_list or ()), code=code, match=match,
-                           key=key, older_than_ms=older_than_ms)
+    sel = repair.Selection(signal=signal, ids=id_list, code=code, match=match, key=key, older_than_ms=older_than_ms)
     if dry_run:
         return await store.read(lambda conn: repair.preview(conn, sel))
-    actor = actor or default_actor()
-    if pace is None:
-        batch = await store.write(lambda conn: repair.replay(conn, sel, actor=actor, reason=reason,
-                                                             payload_text=payload_text))
-        if batch.ids:
+    replay_chunk = functools.partial(
+        repair.replay, sel=sel, actor=actor or default_actor(), reason=reason, payload_text=payload_text
+    )
+    if pace is None:  # one transaction
+        done = (await store.write(replay_chunk)).ids
+        if done:
             wake_local(store.url)
-            if unchecked is not None:
-                _warn(unchecked, warn)
-        return Replayed(replayed=len(batch.ids), ids=batch.ids)
+    else:
+        done = await _replay_paced(store, sel, pace, replay_chunk)
+    if done and unchecked is not None:
+        _warn(unchecked, warn)
+    return Replayed(replayed=len(done), ids=done)
+
+
+def _replay_ids(ids: Iterable[str] | None, all: bool) -> tuple[str, ...] | None:
+    """The named ids, once each and in order; None for `all=True` (refusing both or neither)."""
+    if isinstance(ids, str):
+        ids = [ids]  # one id, not its characters
+    id_list = None if ids is None else tuple(dict.fromkeys(ids))
+    if all and id_list:
+        raise ValueError("name message ids or pass all=True, not both")
+    if not all and not id_list:
+        raise ValueError("name the dead letters to replay (ids), or pass all=True")
+    return None if all else id_list
+
+
+def _check_age(older_than_ms: int | None) -> None:
+    if older_than_ms is not None and (
+        isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int) or older_than_ms < 0
+    ):
+        raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
+
+
+async def _replay_paced(
+    store: Store, sel: repair.Selection, pace: float, replay_chunk: Callable[..., repair.ReplayBatch]
+) -> list[str]:
+    """A replay in chunks of about one second's worth, each its own transaction, paced to `pace` a second."""
     seqs = await store.read(lambda conn: repair.candidate_seqs(conn, sel))
     size = max(1, int(pace))
     done: list[str] = []
     started = time.monotonic()
     for start in range(0, len(seqs), size):
-        chunk = seqs[start:start + size]
-        batch = await store.write(lambda conn, chunk=chunk: repair.replay(
-            conn, sel, actor=actor, reason=reason, payload_text=payload_text, seqs=chunk, verify=False))
+        chunk = seqs[start : start + size]
+        batch = await store.write(functools.partial(replay_chunk, seqs=chunk, verify=False))
         if batch.ids:
             wake_local(store.url)
         done += batch.ids
         wait = started + (start + len(chunk)) / pace - time.monotonic()
         if wait > 0 and start + size < len(seqs):
             await asyncio.sleep(wait)
-    if done and unchecked is not None:
-        _warn(unchecked, warn)
-    return Replayed(replayed=len(done), ids=done)
+    return done
 
 
 async def _check_payload(store: Store, signal: str, value: Any) -> str | None:
@@ -237,9 +255,7 @@ async def purge(store: Store, signal: str, status: str, older_than_ms: int | Non
     `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
     one transaction, audited."""
     id_list = None if ids is None else ([ids] if isinstance(ids, str) else list(dict.fromkeys(ids)))
-    if older_than_ms is not None and (isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int)
-                                      or older_than_ms < 0):
-        raise ValueError(f"older_than_ms must be an int ≥ 0, got {older_than_ms!r}")
+    _check_age(older_than_ms)
     if dry_run:
         return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
     actor = actor or default_actor()

@@ -18,6 +18,7 @@ the primary key for a searched walk); status → oke_messages_signal_status; key
 oke_messages_signal_key; id, created_at, attempts, locked_by, lease_expires_at, parent_run_id →
 oke_messages_signal_{id,created,attempts,owner,lease,parent}.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,29 @@ f = schema.failures
 SCAN_BUDGET = 25_000  # index entries (or seqs) one window of a bounded walk reads
 PAGE_TIME_S = 0.08  # a bounded page reads windows while one more fits in this time
 # The message columns a list can be sorted by (MessageRow fields, plus seq: emit order).
-SORTS: dict[str, Any] = {"seq": m.c.seq, "id": m.c.id, "status": m.c.status, "key": m.c.key,
-                         "attempts": m.c.attempts, "locked_by": m.c.locked_by,
-                         "lease_expires_at": m.c.lease_expires_at, "created_at": m.c.created_at,
-                         "parent_run_id": m.c.parent_run_id}
+SORTS: dict[str, Any] = {
+    "seq": m.c.seq,
+    "id": m.c.id,
+    "status": m.c.status,
+    "key": m.c.key,
+    "attempts": m.c.attempts,
+    "locked_by": m.c.locked_by,
+    "lease_expires_at": m.c.lease_expires_at,
+    "created_at": m.c.created_at,
+    "parent_run_id": m.c.parent_run_id,
+}
 NULLABLE = ("key", "locked_by", "lease_expires_at", "parent_run_id")
-COLS = (m.c.seq, m.c.id, m.c.status, m.c.key, m.c.attempts, m.c.locked_by, m.c.lease_expires_at,
-        m.c.created_at, m.c.parent_run_id)
+COLS = (
+    m.c.seq,
+    m.c.id,
+    m.c.status,
+    m.c.key,
+    m.c.attempts,
+    m.c.locked_by,
+    m.c.lease_expires_at,
+    m.c.created_at,
+    m.c.parent_run_id,
+)
 
 
 @dataclass(frozen=True)
@@ -79,19 +96,31 @@ def search_filter(text: str) -> ColumnElement[bool]:
     needle = text.lower()
     forms = dict.fromkeys([needle, json.dumps(needle, ensure_ascii=False)[1:-1]])
     f2 = f.alias("f_latest")
-    latest = (select(func.max(f2.c.id)).where(f2.c.message_id == f.c.message_id, f2.c.kind == "failure")
-              .scalar_subquery())
-    failing = select(f.c.message_id).where(f.c.kind == "failure", f.c.id == latest,
-                                           func.lower(f.c.message).contains(needle, autoescape=True))
-    return or_(*(func.lower(m.c.payload).contains(form, autoescape=True) for form in forms),
-               func.lower(m.c.key).contains(needle, autoescape=True), m.c.id.in_(failing))
+    latest = (
+        select(func.max(f2.c.id)).where(f2.c.message_id == f.c.message_id, f2.c.kind == "failure").scalar_subquery()
+    )
+    failing = select(f.c.message_id).where(
+        f.c.kind == "failure", f.c.id == latest, func.lower(f.c.message).contains(needle, autoescape=True)
+    )
+    return or_(
+        *(func.lower(m.c.payload).contains(form, autoescape=True) for form in forms),
+        func.lower(m.c.key).contains(needle, autoescape=True),
+        m.c.id.in_(failing),
+    )
 
 
 class Walk:
     """One page's walk over the signal in the requested order."""
 
-    def __init__(self, conn: Connection, signal: str, filters: list[ColumnElement[bool]], sort: str,
-                 descending: bool, windowed: bool) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        signal: str,
+        filters: list[ColumnElement[bool]],
+        sort: str,
+        descending: bool,
+        windowed: bool,
+    ) -> None:
         self.conn, self.signal, self.filters = conn, signal, filters
         self.sort, self.descending, self.windowed = sort, descending, windowed
         self.column = SORTS[sort]
@@ -114,6 +143,8 @@ class Walk:
 
     def _after(self, segment: str, pos: Position, inclusive: bool = False) -> ColumnElement[bool]:
         """Rows strictly past `pos` in walk order (or up to and including it, for a window's end)."""
+        left: ColumnElement[Any]
+        right: object
         if segment == "seq":
             left, right = m.c.seq, pos.seq
         else:
@@ -127,29 +158,37 @@ class Walk:
         """The last row a bounded read of this segment may reach; None when the segment ends first."""
         if segment == "values":
             conds = self._segment_cond(segment) + ([self._after(segment, start)] if start else [])
-            row = self.conn.execute(select(self.column, m.c.seq).where(and_(*conds))
-                                    .order_by(*self._order(segment)).offset(SCAN_BUDGET - 1).limit(1)).first()
+            row = self.conn.execute(
+                select(self.column, m.c.seq)
+                .where(and_(*conds))
+                .order_by(*self._order(segment))
+                .offset(SCAN_BUDGET - 1)
+                .limit(1)
+            ).first()
             return Position(segment, row[0], row[1]) if row is not None else None
         # seq order: a range of SCAN_BUDGET seqs of the store (the primary key), from the walk's start
-        first, last = self._seq_bounds()
-        if first is None:
+        bounds = self._seq_bounds()
+        if bounds is None:
             return None
+        first, last = bounds
         origin = start.seq if start else (last + 1 if self.descending else first - 1)
         end = origin - SCAN_BUDGET if self.descending else origin + SCAN_BUDGET
         if (self.descending and end <= first) or (not self.descending and end >= last):
             return None
         return Position(segment, None, end)
 
-    def _seq_bounds(self) -> tuple[int | None, int | None]:
-        """The signal's lowest and highest seq (index probes on (signal, status, seq))."""
-        lows, highs = [], []
+    def _seq_bounds(self) -> tuple[int, int] | None:
+        """The signal's lowest and highest seq (index probes on (signal, status, seq)); None when it has none."""
+        lows: list[int] = []
+        highs: list[int] = []
         for st in STATUSES:
             base = select(m.c.seq).where(m.c.signal == self.signal, m.c.status == st)
             low = self.conn.execute(base.order_by(m.c.seq).limit(1)).scalar()
             if low is not None:
                 lows.append(low)
-                highs.append(self.conn.execute(base.order_by(m.c.seq.desc()).limit(1)).scalar())
-        return (min(lows), max(highs)) if lows else (None, None)
+                high = self.conn.execute(base.order_by(m.c.seq.desc()).limit(1)).scalar()
+                highs.append(low if high is None else high)  # None: the row left between the two probes
+        return (min(lows), max(highs)) if lows else None
 
     # -- reading ----------------------------------------------------------------------------------
     def _query(self, segment: str, start: Position | None, end: Position | None, limit: int) -> Select[Any]:
@@ -161,8 +200,17 @@ class Walk:
         if segment == "seq" and not self.windowed and end is None:
             # No index orders a whole signal by seq: merge the first limit of each status from
             # (signal, status, seq), so a page costs O(limit), not O(messages of the signal).
-            parts = [select(*select(*COLS).where(and_(*conds, m.c.status == st))
-                            .order_by(*self._order(segment)).limit(limit).subquery().c) for st in STATUSES]
+            parts = [
+                select(
+                    *select(*COLS)
+                    .where(and_(*conds, m.c.status == st))
+                    .order_by(*self._order(segment))
+                    .limit(limit)
+                    .subquery()
+                    .c
+                )
+                for st in STATUSES
+            ]
             merged = union_all(*parts).subquery()
             order = merged.c.seq.desc() if self.descending else merged.c.seq.asc()
             return select(*merged.c).order_by(order).limit(limit)

@@ -6,6 +6,7 @@ returns is one consistent snapshot. The statements lean on the indexes of
 `(signal, key, seq)`, failure histories by `(message_id, id)`, key heads by the
 partial ready-key index.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,24 @@ from ..ids import now_ms
 from ..store import schema
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
-from . import listing, registry, trace as trace_mod
-from .records import (STATUSES, AuditEntry, Blocker, DeadLetter, Failure, FailureGroup, Lease,
-                      MessageDetail, MessagePage, MessageRow, SignalInfo, SignalStats, UnknownMessage,
-                      UnknownSignal)
+from . import listing, registry
+from . import trace as trace_mod
+from .records import (
+    STATUSES,
+    AuditEntry,
+    Blocker,
+    DeadLetter,
+    Failure,
+    FailureGroup,
+    Lease,
+    MessageDetail,
+    MessagePage,
+    MessageRow,
+    SignalInfo,
+    SignalStats,
+    UnknownMessage,
+    UnknownSignal,
+)
 
 m = schema.messages
 f = schema.failures
@@ -59,15 +74,33 @@ def signal_info(conn: Connection, name: str) -> SignalInfo | None:
     row = conn.execute(select(s).where(s.c.name == name)).first()
     flows = registry.bound_flows(conn, name)
     if row is not None:
-        return SignalInfo(name=row.name, kind=row.kind, retries=row.retries, dead_letter=bool(row.dead_letter),
-                          optional=bool(row.optional),
-                          retention=json.loads(row.retention) if row.retention else None,
-                          description=row.description, app=row.app, flows=flows, recorded=True)
+        return SignalInfo(
+            name=row.name,
+            kind=row.kind,
+            retries=row.retries,
+            dead_letter=bool(row.dead_letter),
+            optional=bool(row.optional),
+            retention=json.loads(row.retention) if row.retention else None,
+            description=row.description,
+            app=row.app,
+            flows=flows,
+            recorded=True,
+        )
     kind = _inferred_kind(conn, name)
     if kind == "unknown":
         return None
-    return SignalInfo(name=name, kind=kind, retries=None, dead_letter=None, optional=None, retention=None,
-                      description=None, app=None, flows=flows, recorded=False)
+    return SignalInfo(
+        name=name,
+        kind=kind,
+        retries=None,
+        dead_letter=None,
+        optional=None,
+        retention=None,
+        description=None,
+        app=None,
+        flows=flows,
+        recorded=False,
+    )
 
 
 def stats(conn: Connection) -> list[SignalStats]:
@@ -84,15 +117,25 @@ def stats(conn: Connection) -> list[SignalStats]:
         c = counts[name]
         lag = None
         if c["pending"]:
-            oldest = conn.execute(select(m.c.created_at)
-                                  .where(m.c.signal == name, m.c.status == "pending")
-                                  .order_by(m.c.seq).limit(1)).scalar()
+            oldest = conn.execute(
+                select(m.c.created_at).where(m.c.signal == name, m.c.status == "pending").order_by(m.c.seq).limit(1)
+            ).scalar()
             lag = max(0, now - oldest) if oldest is not None else None
         row = declared.get(name)
         kind = row.kind if row is not None else _inferred_kind(conn, name)
-        out.append(SignalStats(signal=name, kind=kind, description=row.description if row is not None else None,
-                               pending=c["pending"], inflight=c["inflight"], delivered=c["delivered"],
-                               dead=c["dead"], lag_ms=lag, flows=flows.get(name, [])))
+        out.append(
+            SignalStats(
+                signal=name,
+                kind=kind,
+                description=row.description if row is not None else None,
+                pending=c["pending"],
+                inflight=c["inflight"],
+                delivered=c["delivered"],
+                dead=c["dead"],
+                lag_ms=lag,
+                flows=flows.get(name, []),
+            )
+        )
     return out
 
 
@@ -102,9 +145,19 @@ def check_status(status: str | None, allowed: tuple[str, ...] = STATUSES) -> Non
         raise ValueError(f'unknown status "{status}" (one of: {", ".join(allowed)})')
 
 
-def message_page(conn: Connection, signal: str, status: str | None = None, key: str | None = None,
-                 limit: int = 50, before_seq: int | None = None, *, search: str | None = None,
-                 sort: str | None = None, descending: bool = True, cursor: str | None = None) -> MessagePage:
+def message_page(
+    conn: Connection,
+    signal: str,
+    status: str | None = None,
+    key: str | None = None,
+    limit: int = 50,
+    before_seq: int | None = None,
+    *,
+    search: str | None = None,
+    sort: str | None = None,
+    descending: bool = True,
+    cursor: str | None = None,
+) -> MessagePage:
     """Messages of `signal`, at most `limit`: newest first, or by `sort` (a MessageRow column or
     "seq"), kept to those matching `search` when given (engine/ops/listing.py). The next page is
     `cursor=page.next_cursor` (or, newest first, `before_seq=page.next_before_seq`)."""
@@ -131,38 +184,67 @@ def message_page(conn: Connection, signal: str, status: str | None = None, key: 
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
     walk = listing.Walk(conn, signal, filters, sort, descending, windowed)
     rows, nxt, cut = walk.page(limit, start)
-    items = [MessageRow(id=r.id, status=r.status, key=r.key, attempts=r.attempts, locked_by=r.locked_by,
-                        lease_expires_at=r.lease_expires_at, created_at=r.created_at,
-                        parent_run_id=r.parent_run_id) for r in rows]
+    items = [
+        MessageRow(
+            id=r.id,
+            status=r.status,
+            key=r.key,
+            attempts=r.attempts,
+            locked_by=r.locked_by,
+            lease_expires_at=r.lease_expires_at,
+            created_at=r.created_at,
+            parent_run_id=r.parent_run_id,
+        )
+        for r in rows
+    ]
     newest_first = sort == "seq" and descending
-    return MessagePage(items=items, next_before_seq=nxt.seq if (nxt is not None and newest_first) else None,
-                       clock_ms=lease_clock_ms(conn), next_cursor=nxt.encode() if nxt is not None else None,
-                       cut=cut)
+    return MessagePage(
+        items=items,
+        next_before_seq=nxt.seq if (nxt is not None and newest_first) else None,
+        clock_ms=lease_clock_ms(conn),
+        next_cursor=nxt.encode() if nxt is not None else None,
+        cut=cut,
+    )
 
 
 def failures_of(conn: Connection, message_ids: list[str]) -> dict[str, list[Failure]]:
     """Failure history per message, oldest first (replay markers included, code "replayed")."""
     out: dict[str, list[Failure]] = defaultdict(list)
     for start in range(0, len(message_ids), CHUNK):
-        chunk = message_ids[start:start + CHUNK]
-        rows = conn.execute(select(f.c.message_id, f.c.code, f.c.message, f.c.at, f.c.attempt)
-                            .where(f.c.message_id.in_(chunk)).order_by(f.c.id))
+        chunk = message_ids[start : start + CHUNK]
+        rows = conn.execute(
+            select(f.c.message_id, f.c.code, f.c.message, f.c.at, f.c.attempt)
+            .where(f.c.message_id.in_(chunk))
+            .order_by(f.c.id)
+        )
         for r in rows:
             out[r.message_id].append(Failure(code=r.code, message=r.message, at=r.at, attempt=r.attempt))
     return out
 
 
 def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> list[DeadLetter]:
-    query = (select(m.c.id, m.c.signal, m.c.key, m.c.payload, m.c.attempts, m.c.created_at,
-                    m.c.parent_run_id)
-             .where(m.c.signal == signal, m.c.status == "dead").order_by(m.c.seq.desc()))
+    query = (
+        select(m.c.id, m.c.signal, m.c.key, m.c.payload, m.c.attempts, m.c.created_at, m.c.parent_run_id)
+        .where(m.c.signal == signal, m.c.status == "dead")
+        .order_by(m.c.seq.desc())
+    )
     if limit is not None:
         query = query.limit(limit)
     rows = conn.execute(query).all()
     history = failures_of(conn, [r.id for r in rows])
-    return [DeadLetter(id=r.id, signal=r.signal, key=r.key, payload=json.loads(r.payload),
-                       attempts=r.attempts, failures=history.get(r.id, []), created_at=r.created_at,
-                       parent_run_id=r.parent_run_id) for r in rows]
+    return [
+        DeadLetter(
+            id=r.id,
+            signal=r.signal,
+            key=r.key,
+            payload=json.loads(r.payload),
+            attempts=r.attempts,
+            failures=history.get(r.id, []),
+            created_at=r.created_at,
+            parent_run_id=r.parent_run_id,
+        )
+        for r in rows
+    ]
 
 
 def show(conn: Connection, message_id: str) -> MessageDetail:
@@ -170,30 +252,59 @@ def show(conn: Connection, message_id: str) -> MessageDetail:
     if row is None:
         raise UnknownMessage([message_id], None, known_signals(conn))
     now = lease_clock_ms(conn)
-    lease = Lease(locked_by=row.locked_by, lease_expires_at=row.lease_expires_at,
-                  reclaimable=(row.status == "inflight" and row.lease_expires_at is not None
-                               and row.lease_expires_at < now))
+    lease = Lease(
+        locked_by=row.locked_by,
+        lease_expires_at=row.lease_expires_at,
+        reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
+    )
     blocker = None
     if row.key is not None and row.status in ("pending", "inflight"):
-        head = conn.execute(select(m.c.id, m.c.status, m.c.attempts, m.c.locked_by, m.c.lease_expires_at,
-                                   m.c.created_at)
-                            .where(m.c.status.in_(("pending", "inflight")), m.c.key.is_not(None),
-                                   m.c.queue == row.queue, m.c.key == row.key, m.c.seq < row.seq)
-                            .order_by(m.c.seq).limit(1)).first()
+        head = conn.execute(
+            select(m.c.id, m.c.status, m.c.attempts, m.c.locked_by, m.c.lease_expires_at, m.c.created_at)
+            .where(
+                m.c.status.in_(("pending", "inflight")),
+                m.c.key.is_not(None),
+                m.c.queue == row.queue,
+                m.c.key == row.key,
+                m.c.seq < row.seq,
+            )
+            .order_by(m.c.seq)
+            .limit(1)
+        ).first()
         if head is not None:
-            blocker = Blocker(id=head.id, status=head.status, attempts=head.attempts, locked_by=head.locked_by,
-                              lease_expires_at=head.lease_expires_at, created_at=head.created_at)
+            blocker = Blocker(
+                id=head.id,
+                status=head.status,
+                attempts=head.attempts,
+                locked_by=head.locked_by,
+                lease_expires_at=head.lease_expires_at,
+                created_at=head.created_at,
+            )
     runs = trace_mod.runs_of_message(conn, message_id)
     if row.parent_run_id is not None:
         roots = [trace_mod.tree(conn, row.parent_run_id)]
     else:
         roots = [trace_mod.tree(conn, r.run_id) for r in runs]
-    return MessageDetail(id=row.id, signal=row.signal, flow=row.flow, key=row.key, status=row.status,
-                         payload=json.loads(row.payload), attempts=row.attempts, retries=row.retries,
-                         replays=row.replays, created_at=row.created_at, updated_at=row.updated_at,
-                         finished_at=row.finished_at, parent_run_id=row.parent_run_id,
-                         failures=failures_of(conn, [row.id]).get(row.id, []), lease=lease,
-                         blocked_by=blocker, runs=runs, trace=roots)
+    return MessageDetail(
+        id=row.id,
+        signal=row.signal,
+        flow=row.flow,
+        key=row.key,
+        status=row.status,
+        payload=json.loads(row.payload),
+        attempts=row.attempts,
+        retries=row.retries,
+        replays=row.replays,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
+        parent_run_id=row.parent_run_id,
+        failures=failures_of(conn, [row.id]).get(row.id, []),
+        lease=lease,
+        blocked_by=blocker,
+        runs=runs,
+        trace=roots,
+    )
 
 
 def failures(conn: Connection, signal: str) -> list[FailureGroup]:
@@ -205,14 +316,19 @@ def failures(conn: Connection, signal: str) -> list[FailureGroup]:
     """
     require_signal(conn, signal)
     f2 = f.alias("f2")
-    latest = (select(func.max(f2.c.id)).where(f2.c.message_id == m.c.id).scalar_subquery())
+    latest = select(func.max(f2.c.id)).where(f2.c.message_id == m.c.id).scalar_subquery()
     rows = conn.execute(
         select(f.c.code, f.c.message, func.count().label("n"), func.max(f.c.at).label("last_at"))
         .select_from(f.join(m, m.c.id == f.c.message_id))
-        .where(m.c.signal == signal, m.c.status.in_(("pending", "inflight", "dead")),
-               f.c.kind == "failure", f.c.id == latest)
+        .where(
+            m.c.signal == signal,
+            m.c.status.in_(("pending", "inflight", "dead")),
+            f.c.kind == "failure",
+            f.c.id == latest,
+        )
         .group_by(f.c.code, f.c.message)
-        .order_by(func.max(f.c.at).desc(), f.c.code, f.c.message)).all()
+        .order_by(func.max(f.c.at).desc(), f.c.code, f.c.message)
+    ).all()
     return [FailureGroup(code=r.code, message=r.message, count=int(r.n), last_at=int(r.last_at)) for r in rows]
 
 
@@ -220,5 +336,15 @@ def audit(conn: Connection, limit: int = 100, action: str | None = None) -> list
     query = select(a).order_by(a.c.id.desc()).limit(limit)
     if action is not None:
         query = query.where(a.c.action == action)
-    return [AuditEntry(at=r.at, actor=r.actor, action=r.action, signal=r.signal, count=r.count,
-                       ids=json.loads(r.ids), reason=r.reason) for r in conn.execute(query)]
+    return [
+        AuditEntry(
+            at=r.at,
+            actor=r.actor,
+            action=r.action,
+            signal=r.signal,
+            count=r._mapping["count"],
+            ids=json.loads(r.ids),
+            reason=r.reason,
+        )
+        for r in conn.execute(query)
+    ]

@@ -3,6 +3,7 @@
 Every time is an int of epoch milliseconds. `to_json` turns any record (or list of
 records, nested ones included) into plain JSON-ready data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -212,7 +213,7 @@ class RunNode:
     error: str | None
     emitted: int
     messages: list[EmittedMessage]
-    children: list["RunNode"]
+    children: list[RunNode]
 
 
 @dataclass(frozen=True)
@@ -235,8 +236,8 @@ class MessageDetail:
     failures: list[Failure]
     lease: Lease
     blocked_by: Blocker | None
-    runs: list[RunNode]    # the attempts that handled this message (without their subtrees)
-    trace: list[RunNode]   # run trees from their roots: the emitting run's, else each handling run's
+    runs: list[RunNode]  # the attempts that handled this message (without their subtrees)
+    trace: list[RunNode]  # run trees from their roots: the emitting run's, else each handling run's
 
 
 @dataclass(frozen=True)

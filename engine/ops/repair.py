@@ -7,13 +7,15 @@ the audit row land together. The status change is always a guarded
 concurrency the database re-checks the guard on the row it locks, so two replays
 of one dead letter requeue it once and the second reports 0.
 """
+
 from __future__ import annotations
 
 import getpass
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -27,8 +29,8 @@ from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessa
 
 m = schema.messages
 f = schema.failures
-CHUNK = 1000            # ids per IN list (both drivers cap bind parameters around 32k)
-SAMPLE = 20             # ids shown by a dry run
+CHUNK = 1000  # ids per IN list (both drivers cap bind parameters around 32k)
+SAMPLE = 20  # ids shown by a dry run
 MAX_AUDIT_IDS = 10_000  # a purge audits at most this many ids (its count is always exact)
 FINISHABLE = ("delivered", "dead")
 PURGE_BATCH = 5000
@@ -50,11 +52,27 @@ def default_actor() -> str:
         return os.environ.get("USER") or os.environ.get("USERNAME") or "unknown"
 
 
-def write_audit(conn: Connection, action: str, actor: str | None, signal: str | None, ids: Sequence[str],
-                reason: str | None, count: int | None = None, at: int | None = None) -> None:
-    conn.execute(schema.audit.insert().values(
-        at=at if at is not None else now_ms(), actor=actor or default_actor(), action=action, signal=signal,
-        count=len(ids) if count is None else count, ids=json.dumps(list(ids)), reason=reason))
+def write_audit(
+    conn: Connection,
+    action: str,
+    actor: str | None,
+    signal: str | None,
+    ids: Sequence[str],
+    reason: str | None,
+    count: int | None = None,
+    at: int | None = None,
+) -> None:
+    conn.execute(
+        schema.audit.insert().values(
+            at=at if at is not None else now_ms(),
+            actor=actor or default_actor(),
+            action=action,
+            signal=signal,
+            count=len(ids) if count is None else count,
+            ids=json.dumps(list(ids)),
+            reason=reason,
+        )
+    )
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -85,8 +103,14 @@ class Selection:
 
 def _last_failure(column: Any) -> Any:
     """`column` of the message's latest failure row (replay markers skipped), correlated to m."""
-    return (select(column).where(f.c.message_id == m.c.id, f.c.kind == "failure")
-            .order_by(f.c.id.desc()).limit(1).correlate(m).scalar_subquery())
+    return (
+        select(column)
+        .where(f.c.message_id == m.c.id, f.c.kind == "failure")
+        .order_by(f.c.id.desc())
+        .limit(1)
+        .correlate(m)
+        .scalar_subquery()
+    )
 
 
 def _escape_like(text_: str) -> str:
@@ -112,9 +136,8 @@ def check_ids(conn: Connection, sel: Selection) -> None:
     found: set[str] = set()
     wanted = list(dict.fromkeys(sel.ids))
     for start in range(0, len(wanted), CHUNK):
-        chunk = wanted[start:start + CHUNK]
-        found.update(r[0] for r in conn.execute(select(m.c.id).where(m.c.signal == sel.signal,
-                                                                      m.c.id.in_(chunk))))
+        chunk = wanted[start : start + CHUNK]
+        found.update(r[0] for r in conn.execute(select(m.c.id).where(m.c.signal == sel.signal, m.c.id.in_(chunk))))
     missing = [i for i in wanted if i not in found]
     if missing:
         raise UnknownMessage(missing, sel.signal, queries.known_signals(conn))
@@ -124,7 +147,7 @@ def _id_chunks(sel: Selection) -> list[list[str] | None]:
     if sel.ids is None:
         return [None]
     wanted = list(dict.fromkeys(sel.ids))
-    return [wanted[i:i + CHUNK] for i in range(0, len(wanted), CHUNK)]
+    return [wanted[i : i + CHUNK] for i in range(0, len(wanted), CHUNK)]
 
 
 def preview(conn: Connection, sel: Selection) -> ReplayPreview:
@@ -139,8 +162,10 @@ def preview(conn: Connection, sel: Selection) -> ReplayPreview:
             conds.append(m.c.id.in_(chunk))
         total += int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
         if len(sample) < SAMPLE:
-            sample += [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq)
-                                                  .limit(SAMPLE - len(sample)))]
+            sample += [
+                r[0]
+                for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(SAMPLE - len(sample)))
+            ]
     return ReplayPreview(replayed=0, would_replay=total, ids=sample)
 
 
@@ -159,13 +184,20 @@ def candidate_seqs(conn: Connection, sel: Selection) -> list[int]:
 
 @dataclass(frozen=True)
 class ReplayBatch:
-    ids: list[str]      # replayed, in seq order
-    queues: list[str]   # the queues to wake
+    ids: list[str]  # replayed, in seq order
+    queues: list[str]  # the queues to wake
 
 
-def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str | None,
-           payload_text: str | None = None, seqs: Sequence[int] | None = None,
-           verify: bool = True) -> ReplayBatch:
+def replay(
+    conn: Connection,
+    sel: Selection,
+    *,
+    actor: str | None,
+    reason: str | None,
+    payload_text: str | None = None,
+    seqs: Sequence[int] | None = None,
+    verify: bool = True,
+) -> ReplayBatch:
     """dead → pending for the selected dead letters, in one transaction.
 
     Same id and seq (so per-key order holds), attempts 0, lease cleared, `replays` + 1,
@@ -178,13 +210,34 @@ def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str |
         check_ids(conn, sel)
     actor = actor or default_actor()
     now = now_ms()
-    values: dict[str, Any] = {"status": "pending", "attempts": 0, "locked_by": None, "lease_expires_at": None,
-                              "finished_at": None, "updated_at": now, "replays": m.c.replays + 1}
+    values: dict[str, Any] = {
+        "status": "pending",
+        "attempts": 0,
+        "locked_by": None,
+        "lease_expires_at": None,
+        "finished_at": None,
+        "updated_at": now,
+        "replays": m.c.replays + 1,
+    }
     if payload_text is not None:
         values["payload"] = payload_text
+    done = _requeue(conn, sel, values, now, seqs)
+    ids = [d[1] for d in done]
+    if not ids:
+        return ReplayBatch(ids=[], queues=[])
+    _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=payload_text is not None, now=now)
+    queues = sorted({d[2] for d in done})
+    notify(conn, queues)
+    return ReplayBatch(ids=ids, queues=queues)
+
+
+def _requeue(
+    conn: Connection, sel: Selection, values: dict[str, Any], now: int, seqs: Sequence[int] | None
+) -> list[tuple[int, str, str]]:
+    """Apply `values` to the selected dead letters (only `seqs`, when given), in bounded chunks;
+    (seq, id, queue) of each row changed, in seq order."""
     if seqs is not None:
-        chunks: list[tuple[str, list[Any]]] = [("seq", list(seqs[i:i + CHUNK]))
-                                               for i in range(0, len(seqs), CHUNK)]
+        chunks: list[tuple[str, list[Any]]] = [("seq", list(seqs[i : i + CHUNK])) for i in range(0, len(seqs), CHUNK)]
     else:
         chunks = [("id", c) if c is not None else ("all", []) for c in _id_chunks(sel)]
     done: list[tuple[int, str, str]] = []
@@ -194,27 +247,40 @@ def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str |
             conds.append(m.c.seq.in_(chunk))
         elif kind == "id":
             conds.append(m.c.id.in_(chunk))
-        result = conn.execute(update(m).where(and_(*conds)).values(**values)
-                              .returning(m.c.seq, m.c.id, m.c.queue))
+        result = conn.execute(update(m).where(and_(*conds)).values(**values).returning(m.c.seq, m.c.id, m.c.queue))
         done += [(r.seq, r.id, r.queue) for r in result]
     done.sort()
-    ids = [d[1] for d in done]
-    if not ids:
-        return ReplayBatch(ids=[], queues=[])
+    return done
+
+
+def _record_replay(
+    conn: Connection, signal: str, ids: list[str], *, actor: str, reason: str | None, replaced: bool, now: int
+) -> None:
+    """A "replayed" marker in each message's failure history, and one audit row."""
     note = f"replayed by {actor}"
-    if payload_text is not None:
+    if replaced:
         note += " with a replaced payload"
     if reason:
         note += f": {reason}"
-    conn.execute(f.insert(), [{"message_id": i, "attempt": 0, "code": REPLAYED, "message": note, "at": now,
-                               "run_id": None, "kind": REPLAYED} for i in ids])
+    conn.execute(
+        f.insert(),
+        [
+            {
+                "message_id": i,
+                "attempt": 0,
+                "code": REPLAYED,
+                "message": note,
+                "at": now,
+                "run_id": None,
+                "kind": REPLAYED,
+            }
+            for i in ids
+        ],
+    )
     audit_reason = reason
-    if payload_text is not None:
+    if replaced:
         audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
-    write_audit(conn, "replay", actor, sel.signal, ids, audit_reason, at=now)
-    queues = sorted({d[2] for d in done})
-    notify(conn, queues)
-    return ReplayBatch(ids=ids, queues=queues)
+    write_audit(conn, "replay", actor, signal, ids, audit_reason, at=now)
 
 
 def notify(conn: Connection, queues: Sequence[str]) -> None:
@@ -226,11 +292,11 @@ def notify(conn: Connection, queues: Sequence[str]) -> None:
 
 
 # -- purge ----------------------------------------------------------------------------------------
-def _purge_conditions(signal: str, status: str, older_than_ms: int | None, now: int,
-                      ids: Sequence[str] | None = None) -> list[Any]:
+def _purge_conditions(
+    signal: str, status: str, older_than_ms: int | None, now: int, ids: Sequence[str] | None = None
+) -> list[Any]:
     if status not in FINISHABLE:
-        raise ValueError(f'purge deletes finished messages: status must be "delivered" or "dead", '
-                         f'not "{status}"')
+        raise ValueError(f'purge deletes finished messages: status must be "delivered" or "dead", not "{status}"')
     conds: list[Any] = [m.c.signal == signal, m.c.status == status]
     if ids is not None:  # only these (named ones in another state or signal are left alone)
         conds.append(m.c.id.in_(list(ids)))
@@ -239,8 +305,9 @@ def _purge_conditions(signal: str, status: str, older_than_ms: int | None, now: 
     return conds
 
 
-def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int | None,
-                  ids: Sequence[str] | None = None) -> PurgePreview:
+def purge_preview(
+    conn: Connection, signal: str, status: str, older_than_ms: int | None, ids: Sequence[str] | None = None
+) -> PurgePreview:
     conds = _purge_conditions(signal, status, older_than_ms, now_ms(), ids)
     queries.require_signal(conn, signal)
     total = int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
@@ -248,8 +315,16 @@ def purge_preview(conn: Connection, signal: str, status: str, older_than_ms: int
     return PurgePreview(purged=0, would_purge=total, ids=sample)
 
 
-def purge(conn: Connection, signal: str, status: str, older_than_ms: int | None, *, actor: str | None,
-          reason: str | None, ids: Sequence[str] | None = None) -> Purged:
+def purge(
+    conn: Connection,
+    signal: str,
+    status: str,
+    older_than_ms: int | None,
+    *,
+    actor: str | None,
+    reason: str | None,
+    ids: Sequence[str] | None = None,
+) -> Purged:
     """Delete finished messages with their failure rows and step rows, and audit it, in one transaction.
 
     Runs stay (they are the trace history). The audit row's `ids` holds at most
@@ -261,18 +336,16 @@ def purge(conn: Connection, signal: str, status: str, older_than_ms: int | None,
     deleted: list[str] = []
     count = 0
     while True:  # bounded batches, all inside this one transaction
-        batch = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq)
-                                            .limit(PURGE_BATCH))]
+        batch = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(PURGE_BATCH))]
         if not batch:
             break
-        gone = [r[0] for r in conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch))
-                                           .returning(m.c.id))]
+        gone = [r[0] for r in conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch)).returning(m.c.id))]
         for start in range(0, len(gone), CHUNK):
-            chunk = gone[start:start + CHUNK]
+            chunk = gone[start : start + CHUNK]
             conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
             conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(chunk)))
         count += len(gone)
-        deleted += gone[:MAX_AUDIT_IDS - len(deleted)]
+        deleted += gone[: MAX_AUDIT_IDS - len(deleted)]
     if count:
         write_audit(conn, "purge", actor, signal, deleted, reason, count=count, at=now)
     return Purged(purged=count, ids=deleted)

@@ -2,6 +2,7 @@
 
 The console tails a tape from the store through these (no SQL of its own).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,15 @@ async def tape_info(store: Store, signal: str) -> TapeInfo | None:
     tape = await store.read(lambda conn: live.state(conn, signal))
     if tape is None:
         return None
-    return TapeInfo(signal, tape.epoch, tape.event_id(tape.head) if tape.head else None,
-                    tape.event_id(tape.first_seq) if tape.first_seq is not None else None,
-                    (tape.head - tape.first_seq + 1) if tape.first_seq is not None else 0,
-                    tape.pruned_through, tape.head)
+    return TapeInfo(
+        signal,
+        tape.epoch,
+        tape.event_id(tape.head) if tape.head else None,
+        tape.event_id(tape.first_seq) if tape.first_seq is not None else None,
+        (tape.head - tape.first_seq + 1) if tape.first_seq is not None else 0,
+        tape.pruned_through,
+        tape.head,
+    )
 
 
 async def tape_last(store: Store, signal: str, count: int) -> list[TapeEntry]:
@@ -55,8 +61,9 @@ async def tape_last(store: Store, signal: str, count: int) -> list[TapeEntry]:
     return _entries(tape.epoch, events)
 
 
-async def tape_after(store: Store, signal: str, cursor: str | None, limit: int = 1000
-                     ) -> tuple[list[TapeEntry], live.Gap | None]:
+async def tape_after(
+    store: Store, signal: str, cursor: str | None, limit: int = 1000
+) -> tuple[list[TapeEntry], live.Gap | None]:
     """Events after `cursor` (None: from the oldest retained), or the gap that makes it impossible."""
     tape = await store.read(lambda conn: live.state(conn, signal))
     if tape is None:

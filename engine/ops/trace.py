@@ -6,6 +6,7 @@ run that handles it records the same `parent_run_id`: so the children of a run a
 the runs handling what it emitted. A run id that is referenced but has no row
 (still running, or its process died before settling) appears with status "unknown".
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -19,14 +20,14 @@ from .records import EmittedMessage, RunNode, UnknownRun
 r = schema.runs
 m = schema.messages
 CHUNK = 500
-MAX_NODES = 10_000         # a runaway fan-out stops growing the tree here
+MAX_NODES = 10_000  # a runaway fan-out stops growing the tree here
 MAX_LISTED_MESSAGES = 1000  # per run; `emitted` still counts them all
 
 
 def _run_rows(conn: Connection, run_ids: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for start in range(0, len(run_ids), CHUNK):
-        chunk = run_ids[start:start + CHUNK]
+        chunk = run_ids[start : start + CHUNK]
         for row in conn.execute(select(r).where(r.c.run_id.in_(chunk))):
             found[row.run_id] = row
     return found
@@ -54,21 +55,23 @@ def _emitted(conn: Connection, run_ids: list[str]) -> tuple[dict[str, int], dict
     """How many messages each run emitted, and the first MAX_LISTED_MESSAGES of each (in emit order)."""
     counts: dict[str, int] = {}
     for start in range(0, len(run_ids), CHUNK):
-        chunk = run_ids[start:start + CHUNK]
-        for row in conn.execute(select(m.c.parent_run_id, func.count()).where(m.c.parent_run_id.in_(chunk))
-                                .group_by(m.c.parent_run_id)):
+        chunk = run_ids[start : start + CHUNK]
+        for row in conn.execute(
+            select(m.c.parent_run_id, func.count()).where(m.c.parent_run_id.in_(chunk)).group_by(m.c.parent_run_id)
+        ):
             counts[row[0]] = int(row[1])
     listed: dict[str, list[EmittedMessage]] = defaultdict(list)
     cols = (m.c.parent_run_id, m.c.id, m.c.signal, m.c.status, m.c.key, m.c.created_at)
     small = [rid for rid, n in counts.items() if n <= MAX_LISTED_MESSAGES]
     big = [rid for rid, n in counts.items() if n > MAX_LISTED_MESSAGES]
     for start in range(0, len(small), CHUNK):
-        chunk = small[start:start + CHUNK]
+        chunk = small[start : start + CHUNK]
         for row in conn.execute(select(*cols).where(m.c.parent_run_id.in_(chunk)).order_by(m.c.seq)):
             listed[row.parent_run_id].append(_emitted_message(row))
     for rid in big:
-        for row in conn.execute(select(*cols).where(m.c.parent_run_id == rid).order_by(m.c.seq)
-                                .limit(MAX_LISTED_MESSAGES)):
+        for row in conn.execute(
+            select(*cols).where(m.c.parent_run_id == rid).order_by(m.c.seq).limit(MAX_LISTED_MESSAGES)
+        ):
             listed[rid].append(_emitted_message(row))
     return counts, listed
 
@@ -77,16 +80,38 @@ def _emitted_message(row: Any) -> EmittedMessage:
     return EmittedMessage(id=row.id, signal=row.signal, status=row.status, key=row.key, created_at=row.created_at)
 
 
-def _node(run_id: str, row: Any, emitted: int, messages: list[EmittedMessage],
-          children: list[RunNode]) -> RunNode:
+def _node(run_id: str, row: Any, emitted: int, messages: list[EmittedMessage], children: list[RunNode]) -> RunNode:
     if row is None:
-        return RunNode(run_id=run_id, flow=None, status="unknown", parent_run_id=None, started_at=None,
-                       ended_at=None, message_id=None, signal=None, attempt=None, error=None,
-                       emitted=emitted, messages=messages, children=children)
-    return RunNode(run_id=run_id, flow=row.flow, status=row.status, parent_run_id=row.parent_run_id,
-                   started_at=row.started_at, ended_at=row.ended_at, message_id=row.message_id,
-                   signal=row.signal, attempt=row.attempt, error=row.error, emitted=emitted,
-                   messages=messages, children=children)
+        return RunNode(
+            run_id=run_id,
+            flow=None,
+            status="unknown",
+            parent_run_id=None,
+            started_at=None,
+            ended_at=None,
+            message_id=None,
+            signal=None,
+            attempt=None,
+            error=None,
+            emitted=emitted,
+            messages=messages,
+            children=children,
+        )
+    return RunNode(
+        run_id=run_id,
+        flow=row.flow,
+        status=row.status,
+        parent_run_id=row.parent_run_id,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        message_id=row.message_id,
+        signal=row.signal,
+        attempt=row.attempt,
+        error=row.error,
+        emitted=emitted,
+        messages=messages,
+        children=children,
+    )
 
 
 def _order(row: Any, run_id: str) -> tuple[int, str]:
@@ -104,9 +129,8 @@ def tree(conn: Connection, run_id: str) -> RunNode:
     while level and len(order) < MAX_NODES:
         found = []
         for start in range(0, len(level), CHUNK):
-            chunk = level[start:start + CHUNK]
-            for row in conn.execute(select(r).where(r.c.parent_run_id.in_(chunk))
-                                    .order_by(r.c.started_at, r.c.run_id)):
+            chunk = level[start : start + CHUNK]
+            for row in conn.execute(select(r).where(r.c.parent_run_id.in_(chunk)).order_by(r.c.started_at, r.c.run_id)):
                 if row.run_id in seen or len(order) >= MAX_NODES:
                     continue
                 seen.add(row.run_id)
@@ -119,8 +143,7 @@ def tree(conn: Connection, run_id: str) -> RunNode:
     built: dict[str, RunNode] = {}
     for rid in reversed(order):  # children before parents: build bottom-up without recursion
         kids = sorted(children.get(rid, []), key=lambda k: _order(rows.get(k), k))
-        built[rid] = _node(rid, rows.get(rid), counts.get(rid, 0), listed.get(rid, []),
-                           [built[k] for k in kids])
+        built[rid] = _node(rid, rows.get(rid), counts.get(rid, 0), listed.get(rid, []), [built[k] for k in kids])
     return built[root]
 
 
@@ -134,7 +157,6 @@ def trace(conn: Connection, run_id: str) -> RunNode:
 
 def runs_of_message(conn: Connection, message_id: str) -> list[RunNode]:
     """The attempts that handled a message, oldest first, each with what it emitted (no subtrees)."""
-    rows = conn.execute(select(r).where(r.c.message_id == message_id)
-                        .order_by(r.c.started_at, r.c.run_id)).all()
+    rows = conn.execute(select(r).where(r.c.message_id == message_id).order_by(r.c.started_at, r.c.run_id)).all()
     counts, listed = _emitted(conn, [row.run_id for row in rows])
     return [_node(row.run_id, row, counts.get(row.run_id, 0), listed.get(row.run_id, []), []) for row in rows]

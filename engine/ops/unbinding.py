@@ -5,6 +5,7 @@ status change, their failure records (code "Unbound", replayable like any dead l
 audit row commit together. The status change is guarded (`status = 'pending'`, or `inflight`
 past its lease), so a copy a worker holds under a live lease is left to finish.
 """
+
 from __future__ import annotations
 
 from sqlalchemy import Connection, and_, or_, select, update
@@ -20,15 +21,13 @@ b = schema.bindings
 UNBOUND = "Unbound"  # the failure code of a copy ended by `unbind`
 
 
-def retire(conn: Connection, signal: str, flow: str, *, actor: str | None,
-           reason: str | None) -> tuple[str, list[str]]:
+def retire(conn: Connection, signal: str, flow: str, *, actor: str | None, reason: str | None) -> tuple[str, list[str]]:
     """Retire (signal, flow) and end its copies: the binding's kind and the ids it ended, in seq order."""
     kind = binding_kind(conn, signal, flow)
     now = lease_clock_ms(conn)
     registry.retire(conn, signal, flow, now)
     ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
-    write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason),
-                count=len(ids), at=now)
+    write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason), count=len(ids), at=now)
     return kind, ids
 
 
@@ -42,34 +41,49 @@ def binding_kind(conn: Connection, signal: str, flow: str) -> str:
     return str(kind)
 
 
-def end_copies(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None,
-               reason: str | None, now: int) -> list[str]:
+def end_copies(
+    conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None, reason: str | None, now: int
+) -> list[str]:
     """pending (or lease-expired inflight) copies of a broadcast flow → dead, each with a failure
     record. A once signal's messages are shared by its flows: none is ended."""
     if kind != "broadcast":
         return []
     ready = or_(m.c.status == "pending", and_(m.c.status == "inflight", m.c.lease_expires_at < now))
-    rows = conn.execute(update(m).where(m.c.signal == signal, m.c.queue == queue_name(signal, flow, kind), ready)
-                        .values(status="dead", finished_at=now, updated_at=now, locked_by=None,
-                                lease_expires_at=None)
-                        .returning(m.c.seq, m.c.id, m.c.attempts)).all()
+    rows = conn.execute(
+        update(m)
+        .where(m.c.signal == signal, m.c.queue == queue_name(signal, flow, kind), ready)
+        .values(status="dead", finished_at=now, updated_at=now, locked_by=None, lease_expires_at=None)
+        .returning(m.c.seq, m.c.id, m.c.attempts)
+    ).all()
     if not rows:
         return []
     note = f'flow "{flow}" was unbound by {actor or default_actor()}' + (f": {reason}" if reason else "")
-    conn.execute(schema.failures.insert(), [{"message_id": r.id, "attempt": r.attempts, "code": UNBOUND,
-                                             "message": note, "at": now, "run_id": None, "kind": "failure"}
-                                            for r in rows])
+    conn.execute(
+        schema.failures.insert(),
+        [
+            {
+                "message_id": r.id,
+                "attempt": r.attempts,
+                "code": UNBOUND,
+                "message": note,
+                "at": now,
+                "run_id": None,
+                "kind": "failure",
+            }
+            for r in rows
+        ],
+    )
     return [r.id for r in sorted(rows, key=lambda r: r.seq)]
 
 
-def sweep(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None,
-          reason: str | None) -> list[str]:
+def sweep(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None, reason: str | None) -> list[str]:
     """The copies an emitter enqueued from bindings it had read just before the retirement."""
     now = lease_clock_ms(conn)
     ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
     if ids:
-        write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason),
-                    count=len(ids), at=now)
+        write_audit(
+            conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason), count=len(ids), at=now
+        )
     return ids
 
 

@@ -22,11 +22,20 @@ One module a job, read in this order:
 - `settling.py`: the settler, and the hand-over of outcomes to a claim's transaction;
 - `pool.py`: `WorkerPool.run`, start to stop.
 """
+
 from .claim_ahead import AHEAD_LEASE_SHARE, EWMA_WEIGHT
 from .failures import failure_code, failure_message
 from .pool import WorkerPool
 from .route import Route
 from .waiting import IDLE_POLL_S, MAX_BACKOFF_S
 
-__all__ = ["AHEAD_LEASE_SHARE", "EWMA_WEIGHT", "IDLE_POLL_S", "MAX_BACKOFF_S", "Route", "WorkerPool",
-           "failure_code", "failure_message"]
+__all__ = [
+    "AHEAD_LEASE_SHARE",
+    "EWMA_WEIGHT",
+    "IDLE_POLL_S",
+    "MAX_BACKOFF_S",
+    "Route",
+    "WorkerPool",
+    "failure_code",
+    "failure_message",
+]

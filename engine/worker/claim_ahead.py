@@ -1,5 +1,6 @@
 """Claim-ahead: how many messages a claim asks for, and how a message claimed ahead waits for a
 handler slot without losing its lease. Only where the store overlaps claims (two lanes)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ from ..store import Claimed
 from .running import Running
 from .state import log
 
-EWMA_WEIGHT = 0.1          # weight of the newest sample in the handler-time and claim-time averages
+EWMA_WEIGHT = 0.1  # weight of the newest sample in the handler-time and claim-time averages
 # A claimed-ahead message has its lease renewed each time it has waited this share of its lease for
 # a slot: it could otherwise run out while it waits (another worker takes it, the attempt is lost) or
 # soon after its handler starts. So a handler always starts with more than half its lease left.
@@ -78,6 +79,10 @@ class ClaimAhead(Running):
                 return True
             log.info("message %s was reclaimed while it waited for a slot; not started here", claimed.id)
         except Exception as err:
-            log.warning("could not renew the lease of message %s (%s: %s); not started, it is reclaimed "
-                        "after the lease", claimed.id, type(err).__name__, err)
+            log.warning(
+                "could not renew the lease of message %s (%s: %s); not started, it is reclaimed after the lease",
+                claimed.id,
+                type(err).__name__,
+                err,
+            )
         return False

@@ -1,5 +1,6 @@
 """A claim lane: claim (carrying pending outcomes where the store settles with claims), start the
 batch, and when the queues are empty wait for work, or (drain) tell whether everything is idle."""
+
 from __future__ import annotations
 
 import asyncio
@@ -53,7 +54,8 @@ class Claiming(ClaimAhead, Settling):
         try:
             if outcomes:
                 _held, batch = await self.store.settle_and_claim(
-                    runtime.worker_id, outcomes, self.queues, runtime.lease_ms, size)
+                    runtime.worker_id, outcomes, self.queues, runtime.lease_ms, size
+                )
             else:
                 batch = await self.store.claim(self.queues, runtime.worker_id, runtime.lease_ms, size)
             backoff.reset()

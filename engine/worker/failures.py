@@ -1,4 +1,5 @@
 """How a handler's exception is recorded: a code and a message that never raise themselves."""
+
 from __future__ import annotations
 
 from ..errors import OkeError

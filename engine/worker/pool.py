@@ -1,5 +1,6 @@
 """`WorkerPool.run`: start the claim lanes and the settler, and on the way out let running handlers
 finish (or cancel them) and settle what they left."""
+
 from __future__ import annotations
 
 import asyncio

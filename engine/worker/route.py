@@ -1,4 +1,5 @@
 """Which flow handles a queue."""
+
 from __future__ import annotations
 
 import inspect

@@ -1,5 +1,6 @@
 """Running handlers: one attempt of a message, its outcome queued for the settler; handler turns
 (a batch run in one task while its handlers finish without waiting); the stop grace period."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,8 +60,15 @@ class Running(PoolState):
         without an outcome (the message stays inflight, reclaimable after its lease)."""
         route = self.routes[claimed.queue]
         started = now_ms()
-        fx = Fx(self.runtime, route.flow, run_id=new_id("run_"), parent_run_id=claimed.parent_run_id,
-                attempt=claimed.attempts, message_id=claimed.id, signal=claimed.signal)
+        fx = Fx(
+            self.runtime,
+            route.flow,
+            run_id=new_id("run_"),
+            parent_run_id=claimed.parent_run_id,
+            attempt=claimed.attempts,
+            message_id=claimed.id,
+            signal=claimed.signal,
+        )
         code = message = None
         try:
             value = payloads.decode(route.signal, claimed.payload)
@@ -85,8 +93,9 @@ class Running(PoolState):
             code, message = failure_code(exc), failure_message(exc)
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
-        self.pending_outcomes.append(Outcome(claimed, fx.run_id, route.flow.name or "", ok, started,
-                                             now_ms(), code, message))
+        self.pending_outcomes.append(
+            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message)
+        )
         self.outcome_ready.set()
 
     async def _finish_running(self) -> None:
@@ -94,8 +103,10 @@ class Running(PoolState):
         reclaimable."""
         _done, late = await asyncio.wait(self.running, timeout=self.runtime.stop_grace_s)
         if late:
-            log.warning("%d handlers outlived the stop grace period; their messages will be "
-                        "reclaimed after the lease", len(late))
+            log.warning(
+                "%d handlers outlived the stop grace period; their messages will be reclaimed after the lease",
+                len(late),
+            )
             await self._cancel_running()
 
     async def _cancel_running(self) -> None:
@@ -107,6 +118,5 @@ class Running(PoolState):
             task.cancel()
         _done, stuck = await asyncio.wait(tasks, timeout=self.runtime.stop_grace_s)
         if stuck:
-            log.warning("%d handlers ignored the cancel; their messages will be reclaimed after the lease",
-                        len(stuck))
+            log.warning("%d handlers ignored the cancel; their messages will be reclaimed after the lease", len(stuck))
             self.running.difference_update(stuck)

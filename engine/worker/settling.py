@@ -1,5 +1,6 @@
 """Settling: one settler task writes finished attempts' outcomes in group commits, and where the
 store settles inside a claim's transaction (SQLite), a claim coming soon takes them instead."""
+
 from __future__ import annotations
 
 from ..store import Outcome
@@ -32,8 +33,7 @@ class Settling(PoolState):
                 if not is_outage(err):
                     # Not a passing outage: retrying cannot help. The attempts stay inflight and
                     # are reclaimed after their lease, so nothing is lost or half-written.
-                    log.exception("settle of %d outcomes failed; they will be reclaimed after the lease",
-                                  len(batch))
+                    log.exception("settle of %d outcomes failed; they will be reclaimed after the lease", len(batch))
                     continue
                 if not await self._retry_settle_later(err, batch, backoff):
                     return

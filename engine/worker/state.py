@@ -6,6 +6,7 @@ this one object (claiming, claim-ahead, running, settling) rather than being an 
 own: the claim/settle loop reads and writes these fields for every message, and it is tuned to the
 microsecond (bench/ONCE.md), so they stay plain attributes of one instance.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Driving a suspended handler on from where it stopped, inside its own context (handler turns)."""
+
 from __future__ import annotations
 
 import contextvars

@@ -1,9 +1,10 @@
 """Waiting on several events at once, and the retry back-off after a database outage."""
+
 from __future__ import annotations
 
 import asyncio
 
-IDLE_POLL_S = 1.0          # fallback re-check (expired leases need no wake-up to become claimable)
+IDLE_POLL_S = 1.0  # fallback re-check (expired leases need no wake-up to become claimable)
 FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 5.0
 
