@@ -778,5 +778,7 @@ async def test_keyed_lists_and_trace_children_can_use_their_partial_indexes(db_u
     finally:
         await store.close()
     assert "oke_messages_signal_key" in keyed
-    assert "oke_messages_parent" in children
+    # the parent index, or the sort index over (signal, parent_run_id, seq): both hold only rows that
+    # have a parent, and PostgreSQL may pick either for a lookup this small
+    assert "oke_messages_parent" in children or "oke_messages_signal_parent" in children
     assert "oke_runs_parent" in runs
