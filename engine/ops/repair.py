@@ -15,13 +15,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import Connection, and_, delete, func, select, text, update
+from sqlalchemy import Connection, and_, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import payloads
 from ..ids import now_ms
 from ..signals import declared
 from ..store import schema
+from ..store.sql.notify import notify_queues
 from . import queries
 from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessage
 
@@ -213,16 +214,8 @@ def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str |
         audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
     write_audit(conn, "replay", actor, sel.signal, ids, audit_reason, at=now)
     queues = sorted({d[2] for d in done})
-    notify(conn, queues)
+    notify_queues(conn, queues)
     return ReplayBatch(ids=ids, queues=queues)
-
-
-def notify(conn: Connection, queues: Sequence[str]) -> None:
-    """On PostgreSQL, wake workers in other processes (LISTEN oke_wake) when this commits."""
-    if conn.dialect.name != "postgresql":
-        return
-    for queue in queues:
-        conn.execute(text("SELECT pg_notify('oke_wake', :q)"), {"q": queue})
 
 
 # -- purge ----------------------------------------------------------------------------------------
