@@ -19,7 +19,7 @@ from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
-from .ops import registry
+from .store import registry
 from .runtime import Runtime
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url

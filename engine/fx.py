@@ -97,7 +97,7 @@ class Fx:
             raise RuntimeError(f'fx.step: flow "{self.flow.name}" is not durable; declare flow(..., durable=True)')
         if self._app is None or self._app.store is None or self.message_id is None:
             raise RuntimeError("fx.step requires a bound signal runtime")
-        from .ops import steps
+        from .store import steps
 
         store = self._app.store
         found = await store.read(lambda conn: steps.load(conn, self.message_id or "", name))

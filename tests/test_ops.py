@@ -18,7 +18,7 @@ from sqlalchemy import text
 from burstkit import emit_many
 from engine import OkeError, flow, oke, on, ops, signal
 from engine.store import make_store
-from engine.store.base import Waker
+from engine.store.wake import Waker
 
 
 class Boom(Exception):

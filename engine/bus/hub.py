@@ -2,23 +2,22 @@
 
 A thousand connected clients must not mean a thousand queries per event. Each
 process keeps one `TapeHub` per tape with subscribers: it reads new events once
-(woken by local appends, by NOTIFY on PostgreSQL, by WAL changes on SQLite, and
-by a slow poll as a fallback) and hands each batch to every subscriber's queue.
+(woken through `store.tape_waker`: by local appends, by NOTIFY on PostgreSQL, by WAL
+changes on SQLite, and by a slow poll as a fallback) and hands each batch to every subscriber's queue.
 A subscriber too slow to keep up is dropped; its client resumes by id.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Callable
 
 from ..store import Store
+from ..store.wake import Waker
 from . import live
 
 log = logging.getLogger("engine.bus.hub")
 FALLBACK_POLL_S = 1.0
-WAL_POLL_S = 0.02
 QUEUE_BATCHES = 256
 # Pacing: with many subscribers every read costs one socket write per subscriber, so reads are spaced
 # by PACE_PER_SUBSCRIBER_S per subscriber (capped at PACE_MAX_S): at 1,000 streams and 200 events/s
@@ -62,7 +61,7 @@ class TapeHub:
         self.store = store
         self.signal = signal
         self.subscribers: set[Subscription] = set()
-        self.wake = asyncio.Event()
+        self.waker: Waker | None = None  # while the reader runs
         self.last_seq: int | None = None
         self.ready = asyncio.Event()  # set once last_seq is known: every later event will be offered
         self.epoch = ""
@@ -93,9 +92,15 @@ class TapeHub:
             self.on_empty(self)
 
     async def _run(self) -> None:
-        wal = getattr(self.store, "path", None)
-        wal_path = wal + "-wal" if self.store.dialect == "sqlite" and wal else None
-        seen = _stat(wal_path)
+        self.waker = waker = self.store.tape_waker(self.signal)
+        try:
+            await self._read_while_subscribed(waker)
+        finally:
+            waker.close()
+            if self.waker is waker:
+                self.waker = None
+
+    async def _read_while_subscribed(self, waker: Waker) -> None:
         backoff = 0.1
         loop = asyncio.get_running_loop()
         offered_at = -1.0
@@ -103,7 +108,7 @@ class TapeHub:
             pause = offered_at + self.pace_s() - loop.time()
             if pause > 0:
                 await asyncio.sleep(pause)  # let events gather: one write per stream carries them all
-            self.wake.clear()  # before reading: an append that lands during the read wakes the next round
+            waker.clear()  # before reading: an append that lands during the read wakes the next round
             try:
                 if self.last_seq is None:
                     tape = await self.store.read(lambda c: live.state(c, self.signal))
@@ -140,33 +145,12 @@ class TapeHub:
                 # a wake-up (a local append, the LISTEN connection back) ends the back-off early:
                 # after a long outage the streams must not wait up to 5 s more for the first read
                 try:
-                    await asyncio.wait_for(self.wake.wait(), backoff)
+                    await asyncio.wait_for(waker.event.wait(), backoff)
                 except TimeoutError:
                     pass
                 backoff = min(backoff * 2, 5.0)
                 continue
-            waited = 0.0
-            step = WAL_POLL_S if wal_path else FALLBACK_POLL_S
-            while not self.wake.is_set() and waited < FALLBACK_POLL_S:
-                try:
-                    await asyncio.wait_for(self.wake.wait(), step)
-                except TimeoutError:
-                    waited += step
-                    if wal_path:
-                        now = _stat(wal_path)
-                        if now != seen:
-                            seen = now
-                            break
-
-
-def _stat(path: str | None) -> tuple[int, int]:
-    if path is None:
-        return (0, 0)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, 0)
-    return (st.st_mtime_ns, st.st_size)
+            await waker.wait(FALLBACK_POLL_S)
 
 
 class HubRegistry:
@@ -175,7 +159,6 @@ class HubRegistry:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.hubs: dict[str, TapeHub] = {}
-        store.on_notify(live.TAPE_CHANNEL, self._on_notify)
 
     def hub(self, signal: str) -> TapeHub:
         found = self.hubs.get(signal)
@@ -189,16 +172,8 @@ class HubRegistry:
 
     def wake(self, signal: str) -> None:
         hub = self.hubs.get(signal)
-        if hub is not None:
-            hub.wake.set()
-
-    def _on_notify(self, payload: str) -> None:
-        if not payload:  # the LISTEN connection came back: anything may have happened
-            for hub in self.hubs.values():
-                hub.wake.set()
-            return
-        _head, _, signal = payload.partition(" ")
-        self.wake(signal)
+        if hub is not None and hub.waker is not None:
+            hub.waker.wake()
 
     def close(self) -> None:
         for hub in list(self.hubs.values()):

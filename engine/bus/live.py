@@ -13,13 +13,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import Connection, delete, func, select, text, update
+from sqlalchemy import Connection, delete, func, select, update
 
 from ..ids import base32, now_ms
 from ..signals import Signal
 from ..store import schema
+from ..store.sql.append import lock_tape
+from ..store.sql.notify import notify_tape
 
-TAPE_CHANNEL = "oke_tape"
 _CURSOR = re.compile(r"([0-9a-z]{1,40})\.(0|[1-9][0-9]{0,17})")  # fullmatch: "$" allows a final "\n"
 t = schema.tapes
 e = schema.tape_events
@@ -79,20 +80,7 @@ def new_epoch() -> str:
 
 def _lock_tape(conn: Connection, signal: str) -> Any:
     """The tape's metadata row, created if missing, locked for this transaction."""
-    query = select(t.c.epoch, t.c.head, t.c.pruned_through, t.c.pruned_count).where(t.c.signal == signal)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    row = conn.execute(query).first()
-    if row is not None:
-        return row
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("INSERT INTO oke_tapes (signal, epoch, head, pruned_through, pruned_count, created_at) "
-                          "VALUES (:s, :e, 0, 0, 0, :now) ON CONFLICT (signal) DO NOTHING"),
-                     {"s": signal, "e": new_epoch(), "now": now_ms()})
-    else:
-        conn.execute(t.insert().values(signal=signal, epoch=new_epoch(), head=0, pruned_through=0,
-                                       pruned_count=0, created_at=now_ms()))
-    return conn.execute(query).first()
+    return lock_tape(conn, signal, new_epoch)
 
 
 def ensure_tape(conn: Connection, signal: str) -> None:
@@ -118,8 +106,7 @@ def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: st
     head = row.head + len(payloads)
     conn.execute(update(t).where(t.c.signal == sig.name).values(head=head))
     _prune(conn, sig, head, row.pruned_through, now)
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": TAPE_CHANNEL, "p": f"{head} {sig.name}"})
+    notify_tape(conn, sig.name, head)
     return [f"{row.epoch}.{seq}" for seq in range(first, head + 1)]
 
 

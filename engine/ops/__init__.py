@@ -23,9 +23,9 @@ from typing import Any
 
 from .. import json_schemas
 from ..signals import declared
-from ..store import Store
-from ..store.base import wake_local
-from . import queries, registry, repair, unbinding
+from ..store import Store, registry
+from ..store.wake import wake_local
+from . import queries, repair, unbinding
 from . import trace as _trace
 from .records import (STATUSES, AuditEntry, BindingInfo, Blocker, DeadLetter, EmittedMessage, Failure,
                       FailureGroup, Lease, MessageDetail, MessagePage, MessageRow, Purged, PurgePreview,

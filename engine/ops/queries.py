@@ -15,10 +15,10 @@ from collections import defaultdict
 from sqlalchemy import Connection, func, select
 
 from ..ids import now_ms
-from ..store import schema
+from ..store import registry, schema
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
-from . import listing, registry
+from . import listing
 from . import trace as trace_mod
 from .records import (
     STATUSES,

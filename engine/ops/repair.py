@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, select, text, update
+from sqlalchemy import Connection, and_, delete, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import payloads
 from ..ids import now_ms
 from ..signals import declared
 from ..store import schema
+from ..store.sql.notify import notify_queues
 from . import queries
 from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessage
 
@@ -227,7 +228,7 @@ def replay(
         return ReplayBatch(ids=[], queues=[])
     _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=payload_text is not None, now=now)
     queues = sorted({d[2] for d in done})
-    notify(conn, queues)
+    notify_queues(conn, queues)
     return ReplayBatch(ids=ids, queues=queues)
 
 
@@ -281,14 +282,6 @@ def _record_replay(
     if replaced:
         audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
     write_audit(conn, "replay", actor, signal, ids, audit_reason, at=now)
-
-
-def notify(conn: Connection, queues: Sequence[str]) -> None:
-    """On PostgreSQL, wake workers in other processes (LISTEN oke_wake) when this commits."""
-    if conn.dialect.name != "postgresql":
-        return
-    for queue in queues:
-        conn.execute(text("SELECT pg_notify('oke_wake', :q)"), {"q": queue})
 
 
 # -- purge ----------------------------------------------------------------------------------------

@@ -8,16 +8,15 @@ past its lease), so a copy a worker holds under a live lease is left to finish.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, and_, or_, update
 
-from ..store import queue_name, schema
+from ..store import queue_name, registry, schema
 from ..store.base import lease_clock_ms
-from . import queries, registry
+from . import queries
 from .records import UnknownFlow
 from .repair import MAX_AUDIT_IDS, default_actor, write_audit
 
 m = schema.messages
-b = schema.bindings
 UNBOUND = "Unbound"  # the failure code of a copy ended by `unbind`
 
 
@@ -34,11 +33,10 @@ def retire(conn: Connection, signal: str, flow: str, *, actor: str | None, reaso
 def binding_kind(conn: Connection, signal: str, flow: str) -> str:
     """The kind of the recorded (signal, flow) binding; UnknownSignal / UnknownFlow when there is none."""
     queries.require_signal(conn, signal)
-    kind = conn.execute(select(b.c.kind).where(b.c.signal == signal, b.c.flow == flow)).scalar()
+    kind = registry.binding_kind(conn, signal, flow)
     if kind is None:
-        known = [r[0] for r in conn.execute(select(b.c.flow).where(b.c.signal == signal).order_by(b.c.flow))]
-        raise UnknownFlow(signal, flow, known)
-    return str(kind)
+        raise UnknownFlow(signal, flow, registry.recorded_flow_names(conn, signal))
+    return kind
 
 
 def end_copies(

@@ -7,16 +7,17 @@ both backends. The hot path (enqueue, claim, settle) is per dialect.
 from __future__ import annotations
 
 import abc
-import asyncio
-import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from sqlalchemy import Connection, select, text, update
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
 from . import counts, migrations, schema
+from .sql.claim import POSTGRES_LEASE_CLOCK
+from .wake import Waker
 
 T = TypeVar("T")
 
@@ -126,10 +127,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
 }
 
 
-def encode_retention(retention: dict[str, Any] | None) -> str | None:
-    return json.dumps(retention) if retention else None
-
-
 class Store(abc.ABC):
     """One database, opened by one process. Thread- and task-safe."""
 
@@ -191,56 +188,17 @@ class Store(abc.ABC):
         return await self.write(renew)
 
     @abc.abstractmethod
-    def waker(self) -> "Waker":
+    def waker(self) -> Waker:
         """A wake-up source for one worker loop: set when new work may be ready."""
 
-    def on_notify(self, channel: str, callback: Callable[[str], None]) -> None:
-        """Cross-process notifications on `channel` (PostgreSQL); other stores poll instead."""
-
-
-class Waker:
-    """An event set by in-process emits (and by the dialect's cross-process signal).
-
-    Clear it *before* claiming: an emit that lands during the claim then makes
-    the next `wait` return at once, so no wake-up is lost.
-    """
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.event = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
-        _WAKERS.setdefault(url, set()).add(self)
-
-    def clear(self) -> None:
-        self.event.clear()
-
-    def wake(self) -> None:
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.event.set)
-
-    async def wait(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self.event.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    def close(self) -> None:
-        _WAKERS.get(self.url, set()).discard(self)
-
-
-# In-process wake-ups, keyed by database url so two apps on one store in one process meet.
-_WAKERS: dict[str, set[Waker]] = {}
-
-
-def wake_local(url: str) -> None:
-    """Wake every worker of this process that shares the store at `url`."""
-    for waker in list(_WAKERS.get(url, ())):
-        waker.wake()
+    @abc.abstractmethod
+    def tape_waker(self, signal: str) -> Waker:
+        """A wake-up source for the readers of one live tape: set when it may have new events."""
 
 
 def lease_clock_ms(conn: Connection) -> int:
     """Now, by the clock leases are judged by: PostgreSQL's own (claims on many machines share it),
     this machine's on SQLite (its workers share this machine)."""
     if conn.dialect.name == "postgresql":
-        return int(conn.execute(text("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")).scalar())
+        return int(conn.execute(text(POSTGRES_LEASE_CLOCK)).scalar_one())
     return now_ms()

@@ -76,6 +76,19 @@ SELECT signal, status, sum(n) FROM moved GROUP BY signal, status ORDER BY signal
 ON CONFLICT (signal, status) DO UPDATE SET n = oke_counts.n + excluded.n
 """
 
+TRY_COMPACT_LOCK_SQL = "SELECT pg_try_advisory_xact_lock($1)"  # $1: COMPACT_LOCK
+
+# The planner's statistics of oke_messages lag far behind its rows (a fresh store, a burst): more
+# rows changed since the last ANALYZE than half the table. Autovacuum would get there within a
+# minute or so; meanwhile the claim is planned for a near-empty table (a bitmap scan and a sort of
+# every ready row, 15 ms at 20,000 rows instead of 0.5 ms), so the compactor analyzes it now.
+STATS_STALE_SQL = """
+SELECT n_mod_since_analyze > 1000 + n_live_tup / 2 FROM pg_stat_user_tables
+ WHERE relid = 'oke_messages'::regclass
+"""
+
+ANALYZE_SQL = "ANALYZE oke_messages"
+
 
 def install(conn: Connection) -> None:
     """Create the triggers, then count what is already stored (schema creation and upgrade).

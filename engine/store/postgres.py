@@ -9,10 +9,10 @@ woken to re-read the table, since notifications sent meanwhile are gone.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 from sqlalchemy import Connection, text
@@ -22,11 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from ..errors import StoreUnavailable
 from ..ids import now_ms
 from . import counts
-from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
+from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from .sql.claim import postgres_claim_statement
+from .sql.enqueue import POSTGRES_INSERT, POSTGRES_KEY_LOCKS
+from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
+from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
+from .wake import Waker, tape_topic, wake_local, wake_tapes
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.postgres")
-CHANNEL = "oke_wake"
+CHANNEL = WORK_CHANNEL
 SCHEMA_LOCK = 0x6F6B6501  # advisory lock taken while creating or upgrading the schema
 CONNECT_TIMEOUT_S = 10.0
 # A statement whose reply has not come within this long is given up as an outage (asyncio.TimeoutError):
@@ -44,121 +49,8 @@ SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writ
 SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
 COMPACT_EVERY_S = 2.0  # how often a busy process folds message-count deltas (store/counts.py)
 
-# Leases are judged by the database's clock, not the claimer's: processes on many machines share
-# one database, and a machine whose clock runs ahead must not see a live lease as expired.
-# The LIMIT is written into the text (one prepared statement per claim size), not a parameter: with
-# `LIMIT $n` the generic plan guesses a tenth of the table is claimed and joins it by a hash over a
-# scan of every message, so PostgreSQL keeps planning the claim afresh on each call (custom plans).
-# With the size in the text the generic plan is the index scan and is reused: measured 7,200 →
-# 10,000 msgs/s at 8 handlers.
-_CLAIM = """
-WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
-picked AS (
-  SELECT m.seq FROM oke_messages AS m, clock
-   WHERE m.status IN ('pending', 'inflight')
-     AND (m.status = 'pending' OR m.lease_expires_at < clock.now)
-     AND m.queue = ANY($3::text[])
-     AND (m.key IS NULL OR NOT EXISTS (
-           SELECT 1 FROM oke_messages AS o
-            WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
-              AND o.queue = m.queue AND o.key = m.key
-              AND (o.seq < m.seq
-                   OR (o.status = 'inflight' AND o.lease_expires_at >= clock.now AND o.seq <> m.seq))))
-   ORDER BY m.seq LIMIT {limit}
-   FOR UPDATE OF m SKIP LOCKED)
-UPDATE oke_messages AS u
-   SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
-       lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
-  FROM picked, clock WHERE u.seq = picked.seq
-RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id
-"""
-
-# The planner's statistics of oke_messages lag far behind its rows (a fresh store, a burst): more
-# rows changed since the last ANALYZE than half the table. Autovacuum would get there within a
-# minute or so; meanwhile the claim is planned for a near-empty table (a bitmap scan and a sort of
-# every ready row, 15 ms at 20,000 rows instead of 0.5 ms), so the compactor analyzes it now.
-_STATS_STALE = """
-SELECT n_mod_since_analyze > 1000 + n_live_tup / 2 FROM pg_stat_user_tables
- WHERE relid = 'oke_messages'::regclass
-"""
-
-# Successes and their runs in one statement (data-modifying CTEs commit together): a run is
-# `succeeded` when its attempt was acked, `lease_lost` when the fence refused it.
-_ACK_WITH_RUNS = """
-WITH d AS (
-  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::text[], $8::bigint[], $9::bigint[])
-    AS d(seq, attempts, run_id, flow, signal, message_id, parent_run_id, started_at, ended_at)),
-acked AS (
-  UPDATE oke_messages AS u
-     SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $10, finished_at = $10
-    FROM d
-   WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $11 AND u.status = 'inflight'
-  RETURNING u.seq, u.attempts),
-runs AS (
-  INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
-                        worker_id, started_at, ended_at, error)
-  SELECT d.run_id, d.flow, d.signal, d.signal, d.message_id, d.parent_run_id,
-         CASE WHEN a.seq IS NULL THEN 'lease_lost' ELSE 'succeeded' END, d.attempts, $11,
-         d.started_at, d.ended_at, NULL
-    FROM d LEFT JOIN acked AS a ON a.seq = d.seq AND a.attempts = d.attempts
-  ON CONFLICT (run_id) DO NOTHING)
-SELECT seq, attempts FROM acked
-"""
-
-_FAIL = """
-WITH u AS (
-  UPDATE oke_messages
-     SET status = CASE WHEN attempts <= retries THEN 'pending'
-                       WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
-         finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3::bigint END,
-         locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint
-   WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
-  RETURNING id, attempts, status)
-INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u
-RETURNING attempt
-"""
-
-_RUNS = """
-INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
-                      worker_id, started_at, ended_at, error)
-SELECT r.run_id, r.flow, r.signal, r.signal, r.message_id, r.parent_run_id, r.status, r.attempt,
-       $10, r.started_at, r.ended_at, r.error
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-              $8::bigint[], $9::bigint[], $11::text[])
-       AS r(run_id, flow, signal, message_id, parent_run_id, status, attempt, started_at, ended_at, error)
-ON CONFLICT (run_id) DO NOTHING
-"""
-
-_INSERT = """
-WITH ins AS (
-  INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                            dead_letter, created_at, updated_at, parent_run_id, replays)
-  SELECT t.id, t.signal, t.queue, t.flow, t.key, t.payload, 'pending', 0, t.retries,
-         t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-                $8::bool[], $9::bigint[], $10::text[]) WITH ORDINALITY
-         AS t(id, signal, queue, flow, key, payload, retries, dead_letter, created_at, parent_run_id, ord)
-   ORDER BY t.ord
-  RETURNING queue)
-SELECT pg_notify('oke_wake', q) FROM (SELECT DISTINCT queue AS q FROM ins) AS d
-"""
-
-# Keyed emits take a per-key transaction lock first, so seq order is commit order within a key:
-# no reader can ever see a later message of a key before an earlier one.
-_KEY_LOCKS = """
-SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
-  FROM (SELECT DISTINCT k FROM unnest($1::text[]) AS k ORDER BY k) AS keys
-"""
-
-
-@functools.lru_cache(maxsize=256)
-def claim_statement(limit: int) -> str:
-    """The claim of up to `limit` messages: $1 worker, $2 lease ms, $3 queues."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"claim limit must be an int ≥ 1, got {limit!r}")
-    return _CLAIM.format(limit=limit)
+# The claim of up to `limit` messages: $1 worker, $2 lease ms, $3 queues (engine/store/sql/claim.py).
+claim_statement = postgres_claim_statement
 
 
 def asyncpg_dsn(url: str) -> str:
@@ -201,12 +93,13 @@ class PostgresStore(Store):
                                     command_timeout=COMMAND_TIMEOUT_S,
                                     server_settings=SESSION_SETTINGS),
                 CONNECT_TIMEOUT_S)
-            self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW, pool_pre_ping=True,
+            self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW,
+                                          pool_pre_ping=True,
                                           connect_args={"timeout": CONNECT_TIMEOUT_S,
                                                         "command_timeout": SA_COMMAND_TIMEOUT_S,
                                                         "server_settings": SESSION_SETTINGS})
             await self.write(_ensure_schema_locked)
-        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError, ConnectionError) as err:
+        except (TimeoutError, OSError, asyncpg.PostgresError, ConnectionError) as err:
             await self.close()
             reason = str(err) or type(err).__name__
             raise StoreUnavailable(f"cannot reach PostgreSQL at {target}: {reason}") from err
@@ -251,10 +144,10 @@ class PostgresStore(Store):
         async with _acquire(self.pool) as conn:
             if keys:
                 async with conn.transaction():
-                    await conn.execute(_KEY_LOCKS, keys)
-                    await conn.execute(_INSERT, *cols)
+                    await conn.execute(POSTGRES_KEY_LOCKS, keys)
+                    await conn.execute(POSTGRES_INSERT, *cols)
             else:
-                await conn.execute(_INSERT, *cols)
+                await conn.execute(POSTGRES_INSERT, *cols)
         wake_local(self.url)
         self._maybe_compact_counts()
 
@@ -293,12 +186,12 @@ class PostgresStore(Store):
             assert self.pool is not None
             async with _acquire(self.pool) as conn:
                 async with conn.transaction():
-                    if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", counts.COMPACT_LOCK):
+                    if not await conn.fetchval(counts.TRY_COMPACT_LOCK_SQL, counts.COMPACT_LOCK):
                         return
                     await conn.execute(counts.COMPACT_SQL)
-                    stale = await conn.fetchval(_STATS_STALE)
+                    stale = await conn.fetchval(counts.STATS_STALE_SQL)
                 if stale:
-                    await conn.execute("ANALYZE oke_messages")
+                    await conn.execute(counts.ANALYZE_SQL)
         except Exception as err:  # best effort: the deltas stay and still count; the next pass folds them
             log.debug("count compaction skipped (%s: %s)", type(err).__name__, err)
         finally:
@@ -308,14 +201,22 @@ class PostgresStore(Store):
         self._ensure_listener()
         return Waker(self.url)
 
-    def on_notify(self, channel: str, callback: Callable[[str], None]) -> None:
-        """Call `callback(payload)` for every NOTIFY on `channel` (and with "" after a reconnect)."""
+    def tape_waker(self, signal: str) -> Waker:
+        """Woken by this process's appends and, through LISTEN oke_tape, by other processes'."""
         listener = self._ensure_listener()
-        listener.channels[channel] = callback
-        if listener.conn is not None:
-            asyncio.get_running_loop().create_task(listener._listen_channels())
+        if TAPE_CHANNEL not in listener.channels:
+            listener.channels[TAPE_CHANNEL] = self._on_tape_notice
+            if listener.conn is not None:
+                asyncio.get_running_loop().create_task(listener._listen_channels())
+        return Waker(self.url, tape_topic(signal))
 
-    def _ensure_listener(self) -> "_Listener":
+    def _on_tape_notice(self, payload: str) -> None:
+        if not payload:  # the LISTEN connection came back: anything may have happened
+            wake_tapes(self.url)
+        else:
+            wake_local(self.url, tape_topic(tape_of_notice(payload)))
+
+    def _ensure_listener(self) -> _Listener:
         if self._listener is None:
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
@@ -333,34 +234,45 @@ async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> 
     # latter is held, and the former's run must say lease_lost.
     held_attempts: set[tuple[int, int]] = set()
     if oks:
-        rows = await conn.fetch(
-            _ACK_WITH_RUNS, [o.claimed.seq for o in oks], [o.claimed.attempts for o in oks],
-            [o.run_id for o in oks], [o.flow for o in oks], [o.claimed.signal for o in oks],
-            [o.claimed.id for o in oks], [o.claimed.parent_run_id for o in oks],
-            [o.started_at for o in oks], [o.ended_at for o in oks], now, worker_id)
-        held_attempts.update((r[0], r[1]) for r in rows)
+        held_attempts.update(await _ack_with_runs(conn, worker_id, oks, now))
     if fails:
-        for out in fails:
-            c = out.claimed
-            attempt = await conn.fetchval(_FAIL, c.seq, c.attempts, now, worker_id, out.code,
-                                         out.message, out.ended_at, out.run_id)
-            if attempt is not None:
-                held_attempts.add((c.seq, c.attempts))
-        await conn.execute(
-            _RUNS, [o.run_id for o in fails], [o.flow for o in fails],
-            [o.claimed.signal for o in fails], [o.claimed.id for o in fails],
-            [o.claimed.parent_run_id for o in fails],
-            ["failed" if (o.claimed.seq, o.claimed.attempts) in held_attempts else "lease_lost"
-             for o in fails],
-            [o.claimed.attempts for o in fails], [o.started_at for o in fails],
-            [o.ended_at for o in fails], worker_id, [f"{o.code}: {o.message}" for o in fails])
+        await _fail_with_runs(conn, worker_id, fails, now, held_attempts)
     # Wake claimers when this settle made something eligible: a failed attempt is pending
     # again, and a finished keyed message unblocks the next one of its key (without the
     # wake-up an idle key advanced one message per IDLE_POLL_S).
     ready = _queues_to_wake(outcomes)
     if ready:
-        await conn.execute("SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q", ready)
+        await conn.execute(POSTGRES_WAKE_QUEUES, ready)
     return [(o.claimed.seq, o.claimed.attempts) in held_attempts for o in outcomes]
+
+
+async def _ack_with_runs(conn: Any, worker_id: str, oks: list[Outcome], now: int) -> list[tuple[int, int]]:
+    """Ack the successes and record their runs in one statement: the (seq, attempts) it acked."""
+    rows = await conn.fetch(
+        POSTGRES_ACK_WITH_RUNS, [o.claimed.seq for o in oks], [o.claimed.attempts for o in oks],
+        [o.run_id for o in oks], [o.flow for o in oks], [o.claimed.signal for o in oks],
+        [o.claimed.id for o in oks], [o.claimed.parent_run_id for o in oks],
+        [o.started_at for o in oks], [o.ended_at for o in oks], now, worker_id)
+    return [(r[0], r[1]) for r in rows]
+
+
+async def _fail_with_runs(conn: Any, worker_id: str, fails: list[Outcome], now: int,
+                          held_attempts: set[tuple[int, int]]) -> None:
+    """Each failure fenced with its failure record (held ones join `held_attempts`), then their runs."""
+    for out in fails:
+        c = out.claimed
+        attempt = await conn.fetchval(POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code,
+                                      out.message, out.ended_at, out.run_id)
+        if attempt is not None:
+            held_attempts.add((c.seq, c.attempts))
+    await conn.execute(
+        POSTGRES_RUNS, [o.run_id for o in fails], [o.flow for o in fails],
+        [o.claimed.signal for o in fails], [o.claimed.id for o in fails],
+        [o.claimed.parent_run_id for o in fails],
+        ["failed" if (o.claimed.seq, o.claimed.attempts) in held_attempts else "lease_lost"
+         for o in fails],
+        [o.claimed.attempts for o in fails], [o.started_at for o in fails],
+        [o.ended_at for o in fails], worker_id, [f"{o.code}: {o.message}" for o in fails])
 
 
 def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
@@ -377,8 +289,8 @@ class _HotConnection(asyncpg.Connection):
 
     The default reset (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`) is one
     more round trip and four statements after every claim, settle and enqueue (5,005 resets in a
-    20,000-message run at 8 handlers; without them 3,904 -> 5,354 msgs/s). This store never leaves session state on these connections:
-    its locks are transaction-scoped, LISTEN has its own connection, and it sets no session
+    20,000-message run at 8 handlers; without them 3,904 -> 5,354 msgs/s). This store never leaves session
+    state on these connections: its locks are transaction-scoped, LISTEN has its own connection, and it sets no session
     variables or cursors. An open transaction is still rolled back on release (asyncpg does that
     before it asks for this query).
     """
@@ -453,10 +365,10 @@ class _Listener:
     def _on_notify(self, *_args: Any) -> None:
         wake_local(self.url)
 
-    def _on_channel(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+    def _on_channel(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
         callback = self.channels.get(channel)
         if callback is not None:
-            callback(payload)
+            callback(str(payload))
 
     async def _listen_channels(self) -> None:
         """LISTEN on channels registered since the connection opened."""
@@ -474,7 +386,7 @@ class _Listener:
             lost = asyncio.Event()
             try:
                 self.conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-                self.conn.add_termination_listener(lambda _c: lost.set())
+                self.conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await self.conn.add_listener(CHANNEL, self._on_notify)
                 self.listening = set()
                 await self._listen_channels()

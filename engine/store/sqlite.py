@@ -16,15 +16,15 @@ handlers start while the fsync runs (see `_DbThread.call_handing_over`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import make_url
@@ -33,8 +33,22 @@ from sqlalchemy.pool import StaticPool
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
+from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .outage import READ_ONLY, disk_condition, read_only_dir
-from .base import Claimed, NewMessage, Outcome, Store, Waker, check_keys, ensure_schema, wake_local
+from .sql.claim import sqlite_claim_statement
+from .sql.enqueue import SQLITE_INSERT
+from .sql.settle import (
+    ACK_BATCH_FROM,
+    ACK_ROWS_PER_STATEMENT,
+    RUN_ROWS_PER_STATEMENT,
+    SQLITE_ACK,
+    SQLITE_ACK_BATCH,
+    SQLITE_FAIL,
+    SQLITE_FAILURE_ROW,
+    sqlite_ack_in_statement,
+    sqlite_runs_statement,
+)
+from .wake import Waker, WalWatch, tape_topic, wake_local
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.sqlite")
@@ -43,90 +57,6 @@ BUSY_TIMEOUT_MS = 30_000
 # every commit itself (_DbThread._sync_wal), so each commit is on disk before its call returns.
 SYNCHRONOUS = "NORMAL"
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # what SQLite itself uses for a WAL sync on Linux
-WAL_POLL_S = 0.02
-
-_CLAIM = """
-UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = attempts + 1,
-       lease_expires_at = :lease_until, updated_at = :now
- WHERE seq IN (
-   SELECT m.seq FROM oke_messages AS m
-    WHERE m.status IN ('pending', 'inflight')
-      AND (m.status = 'pending' OR m.lease_expires_at < :now)
-      AND m.queue IN ({queues})
-      AND (m.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM oke_messages AS o
-             WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
-               AND o.queue = m.queue AND o.key = m.key
-               AND (o.seq < m.seq
-                    OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
-    ORDER BY m.seq LIMIT :limit)
-RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id
-"""
-
-# Successes from ACK_BATCH_FROM of them: one `seq IN (...)` statement per attempt number, under a
-# savepoint, with no RETURNING. When every outcome matched its row (the rule) that is all; when one
-# did not (its lease was lost), the savepoint is rolled back and _ACK_BATCH, which returns the rows
-# it acked, does the batch instead. Measured a message: at 32, 3.2 µs against 4.4 for _ACK_BATCH
-# alone (its json_each join and RETURNING) and 6.5 one by one; from 4 on it beats one by one.
-ACK_BATCH_FROM = 4
-ACK_ROWS_PER_STATEMENT = 64
-
-
-@functools.lru_cache(maxsize=ACK_ROWS_PER_STATEMENT)
-def _ack_in_statement(rows: int) -> str:
-    seqs = ", ".join(["?"] * rows)
-    return ("UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, "
-            f"updated_at = ?, finished_at = ? WHERE seq IN ({seqs}) AND attempts = ? AND locked_by = ? "
-            "AND status = 'inflight'")
-
-
-_ACK_BATCH = """
-UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL,
-       updated_at = :now, finished_at = :now
-  FROM (SELECT value ->> 0 AS seq, value ->> 1 AS attempts FROM json_each(:fence)) AS f
- WHERE oke_messages.seq = f.seq AND oke_messages.attempts = f.attempts
-   AND oke_messages.locked_by = :worker AND oke_messages.status = 'inflight'
-RETURNING oke_messages.seq, oke_messages.attempts
-"""
-
-_ACK = """
-UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL,
-       updated_at = :now, finished_at = :now
- WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
-"""
-
-_FAIL = """
-UPDATE oke_messages
-   SET status = CASE WHEN attempts <= retries THEN 'pending'
-                     WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
-       finished_at = CASE WHEN attempts <= retries THEN NULL ELSE :now END,
-       locked_by = NULL, lease_expires_at = NULL, updated_at = :now
- WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
-"""
-
-_FAILURE_ROW = """
-INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-VALUES (:message_id, :attempt, :code, :message, :at, :run_id, 'failure')
-"""
-
-_RUN_COLUMNS = ("run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt, worker_id, "
-                "started_at, ended_at, error")
-RUN_ROWS_PER_STATEMENT = 64  # 12 parameters a row: far inside SQLite's 32,766
-
-
-@functools.lru_cache(maxsize=RUN_ROWS_PER_STATEMENT)
-def _runs_statement(rows: int) -> str:
-    """A multi-row insert of `rows` runs: measured 40 % cheaper than executemany of one row."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
-    return f"INSERT INTO oke_runs ({_RUN_COLUMNS}) VALUES {values} ON CONFLICT (run_id) DO NOTHING"
-
-
-_INSERT = """
-INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                          dead_letter, created_at, updated_at, parent_run_id, replays)
-VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, 0)
-"""
-
 
 def sqlite_path(url: str) -> str:
     """The file behind `sqlite[+driver]:///path` (relative to the working directory)."""
@@ -279,7 +209,7 @@ class _DbThread:
             raise
 
     def _run_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool],
-                          handover: "_Handover[T]") -> None:
+                          handover: _Handover[T]) -> None:
         """The writer-thread side of `call_handing_over`: whatever happens, the caller is told once."""
         handed = False
 
@@ -376,7 +306,6 @@ class SqliteStore(Store):
         self._writer = _DbThread("oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms,
                                  may_create=True, syncs_wal=True)
         self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
-        self._claim_sql: dict[int, str] = {}
 
     async def open(self) -> None:
         try:
@@ -413,18 +342,11 @@ class SqliteStore(Store):
         # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
         # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
         await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(_INSERT, params).close()))
+            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close()))
         wake_local(self.url)
 
-    def _claim_statement(self, count: int) -> str:
-        sql = self._claim_sql.get(count)
-        if sql is None:
-            sql = _CLAIM.format(queues=", ".join(f":q{i}" for i in range(count)))
-            self._claim_sql[count] = sql
-        return sql
-
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
-        sql = self._claim_statement(len(queues))
+        sql = sqlite_claim_statement(len(queues))
         return await self._writer.call_handing_over(
             lambda conn: _in_write_tx(conn, lambda raw: _claim_in(raw, sql, queues, worker_id, lease_ms, limit)),
             early=bool)
@@ -442,7 +364,7 @@ class SqliteStore(Store):
                                lease_ms: int, limit: int) -> tuple[list[bool], list[Claimed]]:
         """Both in one `BEGIN IMMEDIATE … COMMIT`: one fsync instead of two per claim cycle. The
         claim sees the settle (a failed attempt is claimable again in the same transaction)."""
-        sql = self._claim_statement(len(queues))
+        sql = sqlite_claim_statement(len(queues))
 
         def run(raw: sqlite3.Connection) -> tuple[list[bool], list[Claimed]]:
             held = _settle_in(raw, worker_id, outcomes) if outcomes else []
@@ -457,7 +379,10 @@ class SqliteStore(Store):
         return result
 
     def waker(self) -> Waker:
-        return _WalWaker(self.url, self.path)
+        return Waker(self.url, wal=WalWatch(self.path))
+
+    def tape_waker(self, signal: str) -> Waker:
+        return Waker(self.url, tape_topic(signal), WalWatch(self.path))
 
 
 def _claim_in(raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_id: str, lease_ms: int,
@@ -484,7 +409,8 @@ def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, 
     for attempts, seqs in by_attempt.items():
         for start in range(0, len(seqs), ACK_ROWS_PER_STATEMENT):
             chunk = seqs[start:start + ACK_ROWS_PER_STATEMENT]
-            acked += raw.execute(_ack_in_statement(len(chunk)), (now, now, *chunk, attempts, worker_id)).rowcount
+            acked += raw.execute(sqlite_ack_in_statement(len(chunk)),
+                                 (now, now, *chunk, attempts, worker_id)).rowcount
     if acked != len(oks):
         raw.execute("ROLLBACK TO oke_ack")
     raw.execute("RELEASE oke_ack")
@@ -499,25 +425,43 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
     held: set[tuple[int, int]] = set()
     oks = [(o.claimed.seq, o.claimed.attempts) for o in outcomes if o.ok]
     if len(oks) >= ACK_BATCH_FROM:
-        if _ack_all_held(raw, worker_id, oks, now):
-            held.update(oks)
-        else:
-            fence = {"fence": json.dumps(oks), "worker": worker_id, "now": now}
-            held.update(raw.execute(_ACK_BATCH, fence).fetchall())
+        _ack_batch(raw, worker_id, oks, now, held)
         one_by_one = [o for o in outcomes if not o.ok]
     else:
         one_by_one = list(outcomes)
     for out in one_by_one:
-        c = out.claimed
-        fence = {"seq": c.seq, "worker": worker_id, "attempts": c.attempts, "now": now}
-        if out.ok:
-            if raw.execute(_ACK, fence).rowcount == 1:
-                held.add((c.seq, c.attempts))
-        elif raw.execute(_FAIL, fence).rowcount == 1:
-            held.add((c.seq, c.attempts))
-            raw.execute(_FAILURE_ROW, {"message_id": c.id, "attempt": c.attempts, "code": out.code,
-                                       "message": out.message, "at": out.ended_at, "run_id": out.run_id})
+        _settle_one(raw, worker_id, out, now, held)
     still = [(o.claimed.seq, o.claimed.attempts) in held for o in outcomes]
+    _record_runs(raw, worker_id, outcomes, still)
+    return still
+
+
+def _ack_batch(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int,
+               held: set[tuple[int, int]]) -> None:
+    """Ack many successes at once: by `seq IN (...)` when all are held, else by the fenced join."""
+    if _ack_all_held(raw, worker_id, oks, now):
+        held.update(oks)
+    else:
+        fence = {"fence": json.dumps(oks), "worker": worker_id, "now": now}
+        held.update(raw.execute(SQLITE_ACK_BATCH, fence).fetchall())
+
+
+def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
+                held: set[tuple[int, int]]) -> None:
+    """One fenced ack, or one fenced failure and its failure record; held attempts join `held`."""
+    c = out.claimed
+    fence = {"seq": c.seq, "worker": worker_id, "attempts": c.attempts, "now": now}
+    if out.ok:
+        if raw.execute(SQLITE_ACK, fence).rowcount == 1:
+            held.add((c.seq, c.attempts))
+    elif raw.execute(SQLITE_FAIL, fence).rowcount == 1:
+        held.add((c.seq, c.attempts))
+        raw.execute(SQLITE_FAILURE_ROW, {"message_id": c.id, "attempt": c.attempts, "code": out.code,
+                                         "message": out.message, "at": out.ended_at, "run_id": out.run_id})
+
+
+def _record_runs(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome], still: list[bool]) -> None:
+    """A run row per outcome (succeeded, failed or lease_lost), many rows a statement."""
     for start in range(0, len(outcomes), RUN_ROWS_PER_STATEMENT):
         chunk = range(start, min(start + RUN_ROWS_PER_STATEMENT, len(outcomes)))
         params: list[Any] = []
@@ -526,36 +470,4 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
             status = ("succeeded" if out.ok else "failed") if still[i] else "lease_lost"
             params += (out.run_id, out.flow, c.signal, c.signal, c.id, c.parent_run_id, status, c.attempts,
                        worker_id, out.started_at, out.ended_at, None if out.ok else f"{out.code}: {out.message}")
-        raw.execute(_runs_statement(len(chunk)), params)
-    return still
-
-
-class _WalWaker(Waker):
-    """In-process wake-ups, plus a cheap stat of the WAL file for other processes' commits."""
-
-    def __init__(self, url: str, path: str) -> None:
-        super().__init__(url)
-        self.wal = path + "-wal"
-        self.seen = self._signature()
-
-    def _signature(self) -> tuple[int, int]:
-        try:
-            st = os.stat(self.wal)
-        except OSError:
-            return (0, 0)
-        return (st.st_mtime_ns, st.st_size)
-
-    async def wait(self, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self.event.is_set():
-                return
-            await super().wait(min(WAL_POLL_S, remaining))
-            current = self._signature()
-            if current != self.seen:
-                self.seen = current
-                return
-
-
+        raw.execute(sqlite_runs_statement(len(chunk)), params)

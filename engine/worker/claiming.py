@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from ..store import Claimed
-from ..store.base import Waker
+from ..store.wake import Waker
 from ..store.outage import is_outage
 from .claim_ahead import ClaimAhead, ewma
 from .settling import Settling

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..store.base import Waker
+from ..store.wake import Waker
 from .claiming import Claiming
 
 

@@ -5,7 +5,7 @@ from sqlalchemy import Connection, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ..ids import now_ms
-from ..store import schema
+from . import schema
 
 
 def load(conn: Connection, message_id: str, name: str) -> str | None:

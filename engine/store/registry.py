@@ -10,7 +10,8 @@ not retired by an operator's `unbind`.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -19,7 +20,7 @@ from .. import json_schemas
 from ..durations import parse_duration_ms
 from ..ids import now_ms
 from ..signals import Signal
-from ..store import schema
+from . import schema
 
 b = schema.bindings
 DEFAULT_BINDING_TTL = "7d"
@@ -122,6 +123,17 @@ def retire(conn: Connection, signal: str, flow: str, at: int) -> bool:
     result = conn.execute(update(b).where(and_(b.c.signal == signal, b.c.flow == flow))
                           .values(retired_at=func.coalesce(b.c.retired_at, at)))
     return result.rowcount == 1
+
+
+def binding_kind(conn: Connection, signal: str, flow: str) -> str | None:
+    """The kind of the recorded (signal, flow) binding, retired or not; None when none is recorded."""
+    kind = conn.execute(select(b.c.kind).where(b.c.signal == signal, b.c.flow == flow)).scalar()
+    return None if kind is None else str(kind)
+
+
+def recorded_flow_names(conn: Connection, signal: str) -> list[str]:
+    """Every flow ever recorded for `signal` (retired ones included), by name."""
+    return [r[0] for r in conn.execute(select(b.c.flow).where(b.c.signal == signal).order_by(b.c.flow))]
 
 
 def json_schema_of(conn: Connection, signal: str) -> tuple[bool, str | None]:

@@ -1,0 +1,78 @@
+"""The claim, both dialects side by side: take up to N eligible messages under a lease, in seq order.
+
+Eligible: pending, or inflight past its lease; and, for a keyed message, the head of its key among
+ready rows (per-key FIFO). Both scan the partial index `oke_messages_ready` (schema.py): the WHERE
+repeats its `status IN ('pending', 'inflight')` so SQLite uses it. SQLite has one writer, so it needs
+no row locks; PostgreSQL claims with `FOR UPDATE SKIP LOCKED` and judges leases by its own clock.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# -- SQLite: `:worker`, `:lease_until`, `:now`, `:limit`, and one `:qN` per queue ({queues}).
+SQLITE_CLAIM = """
+UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = attempts + 1,
+       lease_expires_at = :lease_until, updated_at = :now
+ WHERE seq IN (
+   SELECT m.seq FROM oke_messages AS m
+    WHERE m.status IN ('pending', 'inflight')
+      AND (m.status = 'pending' OR m.lease_expires_at < :now)
+      AND m.queue IN ({queues})
+      AND (m.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM oke_messages AS o
+             WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
+               AND o.queue = m.queue AND o.key = m.key
+               AND (o.seq < m.seq
+                    OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
+    ORDER BY m.seq LIMIT :limit)
+RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id
+"""
+
+
+@functools.lru_cache(maxsize=256)
+def sqlite_claim_statement(queues: int) -> str:
+    """The SQLite claim over `queues` queues, named :q0 … :q{n-1}."""
+    return SQLITE_CLAIM.format(queues=", ".join(f":q{i}" for i in range(queues)))
+
+
+# Leases are judged by the database's clock, not the claimer's: processes on many machines share
+# one database, and a machine whose clock runs ahead must not see a live lease as expired.
+# The LIMIT is written into the text (one prepared statement per claim size), not a parameter: with
+# `LIMIT $n` the generic plan guesses a tenth of the table is claimed and joins it by a hash over a
+# scan of every message, so PostgreSQL keeps planning the claim afresh on each call (custom plans).
+# With the size in the text the generic plan is the index scan and is reused: measured 7,200 →
+# 10,000 msgs/s at 8 handlers.
+POSTGRES_CLAIM = """
+WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
+picked AS (
+  SELECT m.seq FROM oke_messages AS m, clock
+   WHERE m.status IN ('pending', 'inflight')
+     AND (m.status = 'pending' OR m.lease_expires_at < clock.now)
+     AND m.queue = ANY($3::text[])
+     AND (m.key IS NULL OR NOT EXISTS (
+           SELECT 1 FROM oke_messages AS o
+            WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
+              AND o.queue = m.queue AND o.key = m.key
+              AND (o.seq < m.seq
+                   OR (o.status = 'inflight' AND o.lease_expires_at >= clock.now AND o.seq <> m.seq))))
+   ORDER BY m.seq LIMIT {limit}
+   FOR UPDATE OF m SKIP LOCKED)
+UPDATE oke_messages AS u
+   SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
+       lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
+  FROM picked, clock WHERE u.seq = picked.seq
+RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id
+"""
+
+
+@functools.lru_cache(maxsize=256)
+def postgres_claim_statement(limit: int) -> str:
+    """The PostgreSQL claim of up to `limit` messages: $1 worker, $2 lease ms, $3 queues."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"claim limit must be an int ≥ 1, got {limit!r}")
+    return POSTGRES_CLAIM.format(limit=limit)
+
+
+# The lease clock: PostgreSQL's own (claims on many machines share it); SQLite uses this machine's.
+POSTGRES_LEASE_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"

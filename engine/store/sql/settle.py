@@ -1,0 +1,124 @@
+"""The settle, both dialects side by side: record each outcome fenced by (seq, locked_by, attempts),
+its failure record and its run, so a worker that lost its lease cannot overwrite the new holder.
+
+SQLite acks a batch of successes with one `seq IN (...)` per attempt number under a savepoint,
+falling back to a `json_each` join that returns what it acked; failures and runs follow, one
+statement each. PostgreSQL acks successes and records their runs in one statement (data-modifying
+CTEs), each failure with its failure record in another, and the failed runs in a third.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# -- SQLite ----------------------------------------------------------------------------------------
+# Successes from ACK_BATCH_FROM of them: one `seq IN (...)` statement per attempt number, under a
+# savepoint, with no RETURNING. When every outcome matched its row (the rule) that is all; when one
+# did not (its lease was lost), the savepoint is rolled back and SQLITE_ACK_BATCH, which returns the rows
+# it acked, does the batch instead. Measured a message: at 32, 3.2 µs against 4.4 for SQLITE_ACK_BATCH
+# alone (its json_each join and RETURNING) and 6.5 one by one; from 4 on it beats one by one.
+ACK_BATCH_FROM = 4
+ACK_ROWS_PER_STATEMENT = 64
+
+
+@functools.lru_cache(maxsize=ACK_ROWS_PER_STATEMENT)
+def sqlite_ack_in_statement(rows: int) -> str:
+    seqs = ", ".join(["?"] * rows)
+    return (
+        "UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, "
+        f"updated_at = ?, finished_at = ? WHERE seq IN ({seqs}) AND attempts = ? AND locked_by = ? "
+        "AND status = 'inflight'"
+    )
+
+
+SQLITE_ACK_BATCH = """
+UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL,
+       updated_at = :now, finished_at = :now
+  FROM (SELECT value ->> 0 AS seq, value ->> 1 AS attempts FROM json_each(:fence)) AS f
+ WHERE oke_messages.seq = f.seq AND oke_messages.attempts = f.attempts
+   AND oke_messages.locked_by = :worker AND oke_messages.status = 'inflight'
+RETURNING oke_messages.seq, oke_messages.attempts
+"""
+
+SQLITE_ACK = """
+UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL,
+       updated_at = :now, finished_at = :now
+ WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
+"""
+
+SQLITE_FAIL = """
+UPDATE oke_messages
+   SET status = CASE WHEN attempts <= retries THEN 'pending'
+                     WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
+       finished_at = CASE WHEN attempts <= retries THEN NULL ELSE :now END,
+       locked_by = NULL, lease_expires_at = NULL, updated_at = :now
+ WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
+"""
+
+SQLITE_FAILURE_ROW = """
+INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
+VALUES (:message_id, :attempt, :code, :message, :at, :run_id, 'failure')
+"""
+
+SQLITE_RUN_COLUMNS = (
+    "run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt, worker_id, started_at, ended_at, error"
+)
+RUN_ROWS_PER_STATEMENT = 64  # 12 parameters a row: far inside SQLite's 32,766
+
+
+@functools.lru_cache(maxsize=RUN_ROWS_PER_STATEMENT)
+def sqlite_runs_statement(rows: int) -> str:
+    """A multi-row insert of `rows` runs: measured 40 % cheaper than executemany of one row."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO oke_runs ({SQLITE_RUN_COLUMNS}) VALUES {values} ON CONFLICT (run_id) DO NOTHING"
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+# Successes and their runs in one statement (data-modifying CTEs commit together): a run is
+# `succeeded` when its attempt was acked, `lease_lost` when the fence refused it.
+POSTGRES_ACK_WITH_RUNS = """
+WITH d AS (
+  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
+                       $7::text[], $8::bigint[], $9::bigint[])
+    AS d(seq, attempts, run_id, flow, signal, message_id, parent_run_id, started_at, ended_at)),
+acked AS (
+  UPDATE oke_messages AS u
+     SET status = 'delivered', locked_by = NULL, lease_expires_at = NULL, updated_at = $10, finished_at = $10
+    FROM d
+   WHERE u.seq = d.seq AND u.attempts = d.attempts AND u.locked_by = $11 AND u.status = 'inflight'
+  RETURNING u.seq, u.attempts),
+runs AS (
+  INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
+                        worker_id, started_at, ended_at, error)
+  SELECT d.run_id, d.flow, d.signal, d.signal, d.message_id, d.parent_run_id,
+         CASE WHEN a.seq IS NULL THEN 'lease_lost' ELSE 'succeeded' END, d.attempts, $11,
+         d.started_at, d.ended_at, NULL
+    FROM d LEFT JOIN acked AS a ON a.seq = d.seq AND a.attempts = d.attempts
+  ON CONFLICT (run_id) DO NOTHING)
+SELECT seq, attempts FROM acked
+"""
+
+POSTGRES_FAIL = """
+WITH u AS (
+  UPDATE oke_messages
+     SET status = CASE WHEN attempts <= retries THEN 'pending'
+                       WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
+         finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3::bigint END,
+         locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint
+   WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
+  RETURNING id, attempts, status)
+INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
+SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u
+RETURNING attempt
+"""
+
+POSTGRES_RUNS = """
+INSERT INTO oke_runs (run_id, flow, trigger, signal, message_id, parent_run_id, status, attempt,
+                      worker_id, started_at, ended_at, error)
+SELECT r.run_id, r.flow, r.signal, r.signal, r.message_id, r.parent_run_id, r.status, r.attempt,
+       $10, r.started_at, r.ended_at, r.error
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
+              $8::bigint[], $9::bigint[], $11::text[])
+       AS r(run_id, flow, signal, message_id, parent_run_id, status, attempt, started_at, ended_at, error)
+ON CONFLICT (run_id) DO NOTHING
+"""

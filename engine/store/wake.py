@@ -1,0 +1,112 @@
+"""One way to be woken: every loop that waits for the store holds a `Waker`.
+
+A worker's claim lane waits on `store.waker()`; a live tape's hub on `store.tape_waker(signal)`.
+Behind the one interface each dialect keeps its own cross-process mechanism:
+
+- in this process, `wake_local(url, topic)`: an emit, a settle, a replay or a committed tape append
+  wakes every waiter of that topic on the same store (two apps on one store in one process meet);
+- PostgreSQL: LISTEN/NOTIFY on a dedicated connection routes each notification to `wake_local`
+  (engine/store/postgres.py `_Listener`; the statements are in engine/store/sql/notify.py);
+- SQLite: a `WalWatch` on the WAL file ends a wait when another process committed.
+
+Clear a waker *before* reading: a wake-up that lands during the read then makes the next `wait`
+return at once, so none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+WORK = ""  # the topic of the workers' queues
+_TAPE = "tape\x1f"
+WAL_POLL_S = 0.02
+
+
+def tape_topic(signal: str) -> str:
+    """The topic a live tape's readers wait on."""
+    return _TAPE + signal
+
+
+class WalWatch:
+    """A cheap stat of a SQLite WAL file: `changed()` once another commit touched it."""
+
+    def __init__(self, db_path: str) -> None:
+        self.wal = db_path + "-wal"
+        self.seen = self._signature()
+
+    def _signature(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.wal)
+        except OSError:
+            return (0, 0)
+        return (st.st_mtime_ns, st.st_size)
+
+    def changed(self) -> bool:
+        current = self._signature()
+        if current == self.seen:
+            return False
+        self.seen = current
+        return True
+
+
+class Waker:
+    """An event set by in-process wake-ups of its topic (and by the dialect's cross-process signal);
+    with a `WalWatch`, `wait` also ends once the WAL changed."""
+
+    def __init__(self, url: str, topic: str = WORK, wal: WalWatch | None = None) -> None:
+        self.url = url
+        self.topic = topic
+        self.wal = wal
+        self.event = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        _WAKERS.setdefault((url, topic), set()).add(self)
+
+    def clear(self) -> None:
+        self.event.clear()
+
+    def wake(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, timeout: float) -> None:
+        """Until woken, or `timeout` seconds (the poll that backs every mechanism up)."""
+        if self.wal is None:
+            await _wait_event(self.event, timeout)
+            return
+        deadline = self.loop.time() + timeout
+        while True:
+            remaining = deadline - self.loop.time()
+            if remaining <= 0 or self.event.is_set():
+                return
+            await _wait_event(self.event, min(WAL_POLL_S, remaining))
+            if self.wal.changed():
+                return
+
+    def close(self) -> None:
+        _WAKERS.get((self.url, self.topic), set()).discard(self)
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        pass
+
+
+# In-process wake-ups, keyed by (database url, topic).
+_WAKERS: dict[tuple[str, str], set[Waker]] = {}
+
+
+def wake_local(url: str, topic: str = WORK) -> None:
+    """Wake every waiter of this process on `topic` of the store at `url` (default: the workers)."""
+    for waker in list(_WAKERS.get((url, topic), ())):
+        waker.wake()
+
+
+def wake_tapes(url: str) -> None:
+    """Wake every live tape's readers of the store at `url` (a lost LISTEN connection is back)."""
+    for (waker_url, topic), wakers in list(_WAKERS.items()):
+        if waker_url == url and topic.startswith(_TAPE):
+            for waker in list(wakers):
+                waker.wake()
