@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -169,5 +169,3 @@ class _SignalFactory:
 
 
 signal = _SignalFactory()
-
-SchemaLike = Callable[[Any], Any] | type[BaseModel] | TypeAdapter | None

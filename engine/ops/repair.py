@@ -160,7 +160,6 @@ def candidate_seqs(conn: Connection, sel: Selection) -> list[int]:
 @dataclass(frozen=True)
 class ReplayBatch:
     ids: list[str]      # replayed, in seq order
-    queues: list[str]   # the queues to wake
 
 
 def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str | None,
@@ -200,7 +199,7 @@ def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str |
     done.sort()
     ids = [d[1] for d in done]
     if not ids:
-        return ReplayBatch(ids=[], queues=[])
+        return ReplayBatch(ids=[])
     note = f"replayed by {actor}"
     if payload_text is not None:
         note += " with a replaced payload"
@@ -212,9 +211,8 @@ def replay(conn: Connection, sel: Selection, *, actor: str | None, reason: str |
     if payload_text is not None:
         audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
     write_audit(conn, "replay", actor, sel.signal, ids, audit_reason, at=now)
-    queues = sorted({d[2] for d in done})
-    notify(conn, queues)
-    return ReplayBatch(ids=ids, queues=queues)
+    notify(conn, sorted({d[2] for d in done}))
+    return ReplayBatch(ids=ids)
 
 
 def notify(conn: Connection, queues: Sequence[str]) -> None:

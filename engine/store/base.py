@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import json
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence, TypeVar
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 from sqlalchemy import Connection, select, text, update
 
@@ -124,10 +123,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: counts.install,  # 1 -> 2: message counters kept by triggers
     2: migrations.add_binding_activity,  # 2 -> 3: binding activity (binding_ttl, unbind), JSON Schemas
 }
-
-
-def encode_retention(retention: dict[str, Any] | None) -> str | None:
-    return json.dumps(retention) if retention else None
 
 
 class Store(abc.ABC):
