@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel
 
-from engine import Unauthorized, flow, gate, http, oke, on, signal
-from engine.app import OkeApp
+from engine import OkeApp, Unauthorized, flow, gate, http, oke, on, signal
 
 DEMO_TOKEN = "demo-token"
 DEMO_PORT = 6530
