@@ -2,14 +2,16 @@
 
 No Textual here: screens call these coroutines from workers and render what comes back.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from engine.store import Store, make_store, resolve_url
-from engine.store.outage import is_outage
-from engine.store.sqlite import sqlite_path
+from engine import ops
+
+from .dburl import sqlite_file
 
 T = TypeVar("T")
 
@@ -27,23 +29,22 @@ class StoreAdapter:
     """Opens the store lazily, reopens it after an outage, and reports outages as StoreDown."""
 
     def __init__(self, database_url: str | None = None) -> None:
-        self.url = resolve_url(database_url)
-        self.store: Store | None = None
+        self.url = ops.resolve_url(database_url)
+        self.store: ops.Store | None = None
         self.last_error: str | None = None
         self.opened = False
 
-    async def _ensure(self) -> Store:
+    async def _ensure(self) -> ops.Store:
         if self.store is None:
             missing = self._missing_sqlite_file()
             if missing is not None:
                 # opening would create an empty store in its place, and show it as healthy
                 self.last_error = f"SQLite store {missing} is missing (moved or removed)"
                 raise StoreDown(self.last_error)
-            store = make_store(self.url)
             try:
-                await store.open()
+                store = await ops.open_store(self.url)
             except Exception as err:
-                if is_outage(err):
+                if ops.is_outage(err):
                     self.last_error = _one_line(err)
                     raise StoreDown(self.last_error) from err
                 raise
@@ -55,11 +56,8 @@ class StoreAdapter:
         """After the store was open once: its SQLite file, if that is gone now."""
         if not self.opened:
             return None
-        try:
-            path = sqlite_path(self.url)
-        except Exception:  # PostgreSQL (or a url make_store will refuse)
-            return None
-        return None if os.path.exists(path) else path
+        path = sqlite_file(self.url)  # None for PostgreSQL (or a url the store refuses)
+        return None if path is None or os.path.exists(path) else path
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """`await fn(store, *args, **kwargs)`, turning an outage into StoreDown."""
@@ -67,7 +65,7 @@ class StoreAdapter:
         try:
             result = await fn(store, *args, **kwargs)
         except Exception as err:
-            if is_outage(err):
+            if ops.is_outage(err):
                 self.last_error = _one_line(err)
                 await self._drop()
                 raise StoreDown(self.last_error) from err

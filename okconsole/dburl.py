@@ -4,6 +4,7 @@
 SQLite URL has four slashes: three for the scheme, one for the root). A URL no store can use is bad
 usage (exit 2, SPEC §10b), caught here before anything is opened; an unreachable one is not (exit 1).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from engine.store import resolve_url
+from engine.ops import resolve_url
 
-FORMS = "sqlite+aiosqlite:///relative.db, sqlite+aiosqlite:////abs/path.db, a file path, " \
-        "or postgresql+asyncpg://user@host/db"
+FORMS = (
+    "sqlite+aiosqlite:///relative.db, sqlite+aiosqlite:////abs/path.db, a file path, "
+    "or postgresql+asyncpg://user@host/db"
+)
 
 
 class BadDatabaseUrl(ValueError):
@@ -48,12 +51,28 @@ def check(url: str) -> None:
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if (parsed.database or "") in ("", ":memory:"):
-            raise BadDatabaseUrl("--db: okengine needs a SQLite file (several processes share it), "
-                                 f"not {parsed.database or 'an empty path'!r}")
+            raise BadDatabaseUrl(
+                "--db: okengine needs a SQLite file (several processes share it), "
+                f"not {parsed.database or 'an empty path'!r}"
+            )
         return
     if backend == "postgresql":
         if parsed.drivername not in ("postgresql", "postgresql+asyncpg"):
-            raise BadDatabaseUrl(f"--db: okengine speaks to PostgreSQL through asyncpg: use "
-                                 f"postgresql+asyncpg://… (got {parsed.drivername})")
+            raise BadDatabaseUrl(
+                f"--db: okengine speaks to PostgreSQL through asyncpg: use "
+                f"postgresql+asyncpg://… (got {parsed.drivername})"
+            )
         return
     raise BadDatabaseUrl(f"--db: unsupported database {parsed.drivername!r}: use {FORMS}")
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file behind a SQLite URL (relative to the working directory), or None for another store,
+    an in-memory database or a URL that does not parse."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+    if not parsed.drivername.startswith("sqlite") or (parsed.database or "") in ("", ":memory:"):
+        return None
+    return parsed.database

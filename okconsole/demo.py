@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel
 
-from engine import Unauthorized, flow, gate, http, oke, on, signal
-from engine.app import OkeApp
+import engine
+from engine import OkeApp, Unauthorized, flow, gate, oke, on, signal
 
 DEMO_TOKEN = "demo-token"
 DEMO_PORT = 6530
@@ -86,8 +87,9 @@ def declare(rng: random.Random) -> tuple[Any, ...]:
             raise RuntimeError("cache node unreachable")
 
     member = gate("member", bearer)
-    on(http.live(status).gate(member))
-    on(http.get("/orders/:orderId/events").gate(member).live(status))
+    # engine.http, the public route builder (a `from engine import http` reads as the engine.http package)
+    on(engine.http.live(status).gate(member))
+    on(engine.http.get("/orders/:orderId/events").gate(member).live(status))
     return orders, emails, catalog, status
 
 
@@ -111,8 +113,6 @@ class DemoRunner:
     """The demo app, its HTTP server and its producer, started and stopped together."""
 
     def __init__(self, database_url: str | None, port: int = DEMO_PORT, seed: int | None = None) -> None:
-        import engine
-
         engine.reset()
         self.rng = random.Random(seed)
         self.orders, _emails, self.catalog, _status = declare(self.rng)

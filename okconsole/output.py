@@ -2,7 +2,7 @@
 
 Nothing here touches the store: it formats the records `engine.ops` returns.
 Colour follows Rich's detection: NO_COLOR / FORCE_COLOR and whether stdout is a terminal.
-Tables go through `tables` so an id, a key or a time is never split across lines.
+Tables go through `cli_tables` so an id, a key or a time is never split across lines.
 """
 from __future__ import annotations
 
@@ -15,14 +15,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.tree import Tree
 
-from engine.ops import (AuditEntry, DeadLetter, FailureGroup, MessageDetail, MessageRow, Purged, PurgePreview,
-                        Replayed, ReplayPreview, RunNode, SignalStats, to_json)
+from engine.ops import (
+    AuditEntry,
+    DeadLetter,
+    FailureGroup,
+    MessageDetail,
+    MessageRow,
+    Purged,
+    PurgePreview,
+    Replayed,
+    ReplayPreview,
+    RunNode,
+    SignalStats,
+    to_json,
+)
 
 from . import fmt
-from .tables import CROP, KEEP, WRAP, Column, Grid, render
+from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
+from .styles import DEAD_STYLE, status_markup
 
-STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "bold red",
-                "succeeded": "green", "failed": "red", "lease_lost": "magenta", "unknown": "dim"}
 PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
 
 
@@ -56,11 +67,6 @@ def duration(ms: int | None) -> str:
     return "-" if ms is None else fmt.span(ms)
 
 
-def status(text: str) -> str:
-    style = STATUS_STYLE.get(text)
-    return f"[{style}]{escape(text)}[/]" if style else escape(text)
-
-
 def cell(value: Any) -> str:
     return "-" if value is None else escape(str(value))
 
@@ -89,7 +95,7 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
                   crop=("Description",), drop=("Description", "Kind"))
     for r in rows:
         table.add(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
-                  f"[bold red]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
+                  f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
     render(out, table)
 
 
@@ -111,7 +117,7 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
                   crop=("Locked by",), drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
                   title=f"{escape(signal)}: {len(rows)} newest")
     for r in rows:
-        table.add(escape(r.id), status(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
+        table.add(escape(r.id), status_markup(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
                   when(r.lease_expires_at), when(r.created_at), cell(r.parent_run_id))
     render(out, table)
 
@@ -134,7 +140,8 @@ def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None
     if not rows:
         out.print(f"No dead or failing messages in {escape(signal)}.")
         return
-    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{escape(signal)}: failures by cause")
+    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",),
+                  title=f"{escape(signal)}: failures by cause")
     for r in rows:
         table.add(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
     render(out, table)
@@ -157,7 +164,7 @@ def _run_label(node: RunNode, mark: str | None = None) -> str:
     flow = escape(node.flow) if node.flow else "[dim](not recorded)[/]"
     took = (f" {duration(node.ended_at - node.started_at)}"
             if node.started_at is not None and node.ended_at is not None else "")
-    label = f"[bold]{flow}[/] {escape(node.run_id)} {status(node.status)}{took}"
+    label = f"[bold]{flow}[/] {escape(node.run_id)} {status_markup(node.status)}{took}"
     if node.attempt is not None and node.message_id is not None:
         label += f" [dim]attempt {node.attempt} of {escape(node.message_id)}[/]"
     if node.error:
@@ -174,7 +181,7 @@ def _grow(tree: Tree, node: RunNode, mark: str | None) -> None:
         branch = parent.add(_run_label(current, mark))
         for msg in current.messages:
             key = f" key={escape(msg.key)}" if msg.key is not None else ""
-            branch.add(f"[dim]emitted[/] {escape(msg.signal)} {escape(msg.id)}{key} {status(msg.status)}")
+            branch.add(f"[dim]emitted[/] {escape(msg.signal)} {escape(msg.id)}{key} {status_markup(msg.status)}")
         if current.emitted > len(current.messages):
             branch.add(f"[dim]… {current.emitted - len(current.messages)} more emitted[/]")
         for child in reversed(current.children):
@@ -191,7 +198,7 @@ def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
 def render_show(out: Console, d: MessageDetail) -> None:
     head = _grid("Field", "Value", wrap=("Value",), title=f"message {escape(d.id)}")
     rows = [("signal", escape(d.signal)), ("flow", cell(d.flow)), ("key", cell(d.key)),
-            ("status", status(d.status)), ("attempts", f"{d.attempts} (retries {d.retries})"),
+            ("status", status_markup(d.status)), ("attempts", f"{d.attempts} (retries {d.retries})"),
             ("replays", str(d.replays)), ("created", when(d.created_at)), ("updated", when(d.updated_at)),
             ("finished", when(d.finished_at)), ("parent run", cell(d.parent_run_id)),
             ("locked by", cell(d.lease.locked_by)), ("lease expires", when(d.lease.lease_expires_at))]
@@ -200,7 +207,7 @@ def render_show(out: Console, d: MessageDetail) -> None:
                      else "no: the lease holds"))
     if d.blocked_by is not None:
         b = d.blocked_by
-        rows.append(("blocked by", f"{escape(b.id)} ({status(b.status)}, {b.attempts} attempts), "
+        rows.append(("blocked by", f"{escape(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), "
                                    f"the head of key {escape(str(d.key))}"))
     for name, value in rows:
         head.add(f"[bold]{name}[/]", value)

@@ -9,6 +9,7 @@ Over SSE every network call is bounded (SPEC §10b: 10 s, env OKE_NETWORK_TIMEOU
 the server is asked for `/_oke/exposures` first, so a URL that is not an okengine server, refuses
 the token or never answers is reported as that (exit 1), not as an unknown signal.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from engine import ops
 from engine.client import Client, ClientError, LiveResumeGap
-from engine.ops import tapes
-from engine.store import make_store
 
 from .data import StoreAdapter, StoreDown
 
@@ -100,51 +100,79 @@ class Printer:
         self.err.flush()
 
 
+async def _store_start(data: StoreAdapter, opts: TailOptions, printer: Printer) -> str | None:
+    """Check the tape exists, print the backlog the options ask for; the cursor to follow from."""
+    info = await data.call(ops.tape_info, opts.signal)
+    if info is None:
+        raise UnknownTape(opts.signal, await data.call(ops.live_signals))
+    if opts.after:
+        return opts.after
+    if opts.from_start:
+        return None
+    if opts.from_end:
+        return info.head_id
+    backlog = await data.call(ops.tape_last, opts.signal, DEFAULT_BACKLOG)
+    for entry in backlog:
+        printer.event(entry.id, entry.data)
+    return backlog[-1].id if backlog else info.head_id
+
+
+def _gap_warning(opts: TailOptions, cursor: str | None, gap: Any) -> str:
+    return (
+        f'cursor "{cursor}" cannot be resumed on "{opts.signal}" ({gap.reason}'
+        f"{f', {gap.missed} missed' if gap.missed else ''}); restarting from the oldest "
+        f"retained event {gap.first_id or '(tape empty)'}"
+    )
+
+
+class _StoreFollower:
+    """Polls the tape after a cursor, printing each entry; says once when the store goes and comes back."""
+
+    def __init__(self, data: StoreAdapter, opts: TailOptions, printer: Printer, cursor: str | None) -> None:
+        self.data, self.opts, self.printer, self.cursor = data, opts, printer, cursor
+        self.down = False
+
+    async def run(self) -> None:
+        while not self.printer.done:
+            try:
+                entries, gap = await self.data.call(ops.tape_after, self.opts.signal, self.cursor)
+            except StoreDown as err:
+                self._went_down(err)
+                await asyncio.sleep(1.0)
+                continue
+            self._came_back()
+            if gap is not None:
+                self.printer.warn(_gap_warning(self.opts, self.cursor, gap))
+                self.cursor = None
+                continue
+            self._print(entries)
+            if not entries:
+                await asyncio.sleep(STORE_POLL_S)
+
+    def _went_down(self, err: StoreDown) -> None:
+        if not self.down:
+            self.printer.warn(f"store unreachable ({err}); retrying, will resume after {self.cursor or 'the start'}")
+        self.down = True
+
+    def _came_back(self) -> None:
+        if self.down:
+            self.printer.warn("store reachable again; resuming")
+            self.down = False
+
+    def _print(self, entries: list[ops.TapeEntry]) -> None:
+        for entry in entries:
+            self.printer.event(entry.id, entry.data)
+            self.cursor = entry.id
+            if self.printer.done:
+                return
+
+
 async def tail_store(database_url: str, opts: TailOptions, printer: Printer) -> None:
     """Follow a tape by reading the store directly."""
     data = StoreAdapter(database_url)
     try:
-        info = await data.call(tapes.tape_info, opts.signal)
-        if info is None:
-            raise UnknownTape(opts.signal, await data.call(tapes.live_signals))
-        cursor: str | None
-        if opts.after:
-            cursor = opts.after
-        elif opts.from_start:
-            cursor = None
-        elif opts.from_end:
-            cursor = info.head_id
-        else:
-            backlog = await data.call(tapes.tape_last, opts.signal, DEFAULT_BACKLOG)
-            for entry in backlog:
-                printer.event(entry.id, entry.data)
-            cursor = backlog[-1].id if backlog else info.head_id
-        down = False
-        while not printer.done:
-            try:
-                entries, gap = await data.call(tapes.tape_after, opts.signal, cursor)
-            except StoreDown as err:
-                if not down:
-                    printer.warn(f"store unreachable ({err}); retrying, will resume after {cursor or 'the start'}")
-                down = True
-                await asyncio.sleep(1.0)
-                continue
-            if down:
-                printer.warn("store reachable again; resuming")
-                down = False
-            if gap is not None:
-                printer.warn(f'cursor "{cursor}" cannot be resumed on "{opts.signal}" ({gap.reason}'
-                             f"{f', {gap.missed} missed' if gap.missed else ''}); restarting from the oldest "
-                             f"retained event {gap.first_id or '(tape empty)'}")
-                cursor = None
-                continue
-            for entry in entries:
-                printer.event(entry.id, entry.data)
-                cursor = entry.id
-                if printer.done:
-                    return
-            if not entries:
-                await asyncio.sleep(STORE_POLL_S)
+        cursor = await _store_start(data, opts, printer)
+        await _StoreFollower(data, opts, printer, cursor).run()
     finally:
         await data.close()
 
@@ -157,7 +185,7 @@ async def probe_server(base_url: str, token: str | None, signal: str, bound: flo
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(bound)) as http:
             response = await asyncio.wait_for(http.get(url, headers=headers), bound)
-    except (httpx.TimeoutException, asyncio.TimeoutError):
+    except (httpx.TimeoutException, TimeoutError):
         raise TailFailed(f"no answer from {base_url} within {bound:g} s") from None
     except httpx.HTTPError as err:
         raise TailFailed(f"cannot reach {base_url}: {type(err).__name__}: {err}") from None
@@ -167,8 +195,10 @@ async def probe_server(base_url: str, token: str | None, signal: str, bound: flo
         exposures = response.json()["data"]
         exposed = sorted({str(e["signal"]) for e in exposures})
     except (ValueError, KeyError, TypeError) as err:
-        raise TailFailed(f"{base_url} is not an okengine server (GET /_oke/exposures: HTTP "
-                         f"{response.status_code}, no list of exposures)") from err
+        raise TailFailed(
+            f"{base_url} is not an okengine server (GET /_oke/exposures: HTTP "
+            f"{response.status_code}, no list of exposures)"
+        ) from err
     if response.status_code >= 400:
         raise TailFailed(f"{base_url} answered HTTP {response.status_code} to GET /_oke/exposures")
     if signal not in exposed:
@@ -189,66 +219,84 @@ async def _opened_within(pump: asyncio.Future[None], opened: asyncio.Event, boun
         raise TailFailed(f"no answer from {base_url} within {bound:g} s: the stream did not open")
 
 
-async def tail_sse(base_url: str, token: str | None, opts: TailOptions, printer: Printer) -> None:
-    """Follow a tape over SSE, resuming by id after drops; the first connection is bounded in time."""
-    bound = network_timeout_s()
-    await probe_server(base_url, token, opts.signal, bound)
-    client = Client(base_url, token=token, timeout=bound)
+def _sse_start(opts: TailOptions, printer: Printer) -> tuple[str | None, int | None]:
+    """The first stream's Last-Event-ID and `tail` count from the options."""
     cursor = opts.after
     tail: int | None = None
     if not opts.after and not opts.from_start:
         tail = 0 if opts.from_end else DEFAULT_BACKLOG
-    connected_once = False
     if cursor is not None and not (cursor.isascii() and cursor.isprintable()):
         # it cannot travel in a Last-Event-ID header; the server would call it malformed (410)
-        printer.warn(f'cursor {ascii(cursor)} cannot be resumed on "{opts.signal}" (malformed); '
-                     f"restarting from the oldest retained event")
-        cursor, tail = None, None
-    while not printer.done:
-        try:
-            opened = asyncio.Event()
-            stream = client.stream(opts.signal, {}, last_event_id=cursor, tail=tail, retry_first=connected_once,
-                                   on_open=opened.set)
-
-            async def pump() -> None:
-                nonlocal cursor, connected_once
-                async for event in stream:
-                    connected_once = True
-                    printer.event(event.id, event.data)
-                    cursor = event.id
-                    if printer.done:
-                        return
-
-            async with contextlib.aclosing(stream):
-                pumping = asyncio.ensure_future(pump())
-                if not connected_once:
-                    await _opened_within(pumping, opened, bound, base_url)
-                    connected_once = True
-                await pumping
-            return
-        except LiveResumeGap as gap:
-            printer.warn(f'cursor "{gap.after_id}" cannot be resumed on "{opts.signal}" ({gap.reason}); '
-                         f"restarting from the oldest retained event {gap.first_id or '(tape empty)'}")
-            cursor, tail = None, None
-        except ClientError as err:
-            if err.status == 404 or "exposure" in str(err):
-                raise UnknownTape(opts.signal, []) from err
-            raise TailFailed(str(err)) from err
-        except ValueError as err:  # no exposure of that signal on this server
-            raise UnknownTape(opts.signal, []) from err
-        except httpx.HTTPError as err:
-            if not connected_once:
-                raise TailFailed(f"cannot reach {base_url}: {err}") from err
-            printer.warn(f"stream dropped ({err}); resuming after {cursor}")
-            await asyncio.sleep(1.0)
+        printer.warn(
+            f'cursor {ascii(cursor)} cannot be resumed on "{opts.signal}" (malformed); '
+            f"restarting from the oldest retained event"
+        )
+        return None, None
+    return cursor, tail
 
 
-def known_store_tapes(database_url: str) -> list[str]:
-    async def read() -> list[str]:
-        store = make_store(database_url)
-        await store.open()
-        try:
-            return await tapes.live_signals(store)
-        finally:
-            await store.close()
-    return asyncio.run(read())
+class _SseFollower:
+    """Streams the tape, reopening after a drop (resuming after the last id printed) or a gap (from the
+    oldest retained event); the first opening must happen within the network bound."""
+
+    def __init__(self, base_url: str, token: str | None, opts: TailOptions, printer: Printer, bound: float) -> None:
+        self.base_url, self.opts, self.printer, self.bound = base_url, opts, printer, bound
+        self.client = Client(base_url, token=token, timeout=bound)
+        self.cursor, self.tail = _sse_start(opts, printer)
+        self.connected_once = False
+
+    async def run(self) -> None:
+        while not self.printer.done:
+            try:
+                await self._stream_once()
+                return
+            except LiveResumeGap as gap:
+                self.printer.warn(
+                    f'cursor "{gap.after_id}" cannot be resumed on "{self.opts.signal}" '
+                    f"({gap.reason}); restarting from the oldest retained event "
+                    f"{gap.first_id or '(tape empty)'}"
+                )
+                self.cursor, self.tail = None, None
+            except ClientError as err:
+                if err.status == 404 or "exposure" in str(err):
+                    raise UnknownTape(self.opts.signal, []) from err
+                raise TailFailed(str(err)) from err
+            except ValueError as err:  # no exposure of that signal on this server
+                raise UnknownTape(self.opts.signal, []) from err
+            except httpx.HTTPError as err:
+                if not self.connected_once:
+                    raise TailFailed(f"cannot reach {self.base_url}: {err}") from err
+                self.printer.warn(f"stream dropped ({err}); resuming after {self.cursor}")
+                await asyncio.sleep(1.0)
+
+    async def _stream_once(self) -> None:
+        opened = asyncio.Event()
+        stream = self.client.stream(
+            self.opts.signal,
+            {},
+            last_event_id=self.cursor,
+            tail=self.tail,
+            retry_first=self.connected_once,
+            on_open=opened.set,
+        )
+        async with contextlib.aclosing(stream):
+            pumping = asyncio.ensure_future(self._pump(stream))
+            if not self.connected_once:
+                await _opened_within(pumping, opened, self.bound, self.base_url)
+                self.connected_once = True
+            await pumping
+
+    async def _pump(self, stream: Any) -> None:
+        async for event in stream:
+            self.connected_once = True
+            self.printer.event(event.id, event.data)
+            self.cursor = event.id
+            if self.printer.done:
+                return
+
+
+async def tail_sse(base_url: str, token: str | None, opts: TailOptions, printer: Printer) -> None:
+    """Follow a tape over SSE, resuming by id after drops; the first connection is bounded in time."""
+    bound = network_timeout_s()
+    await probe_server(base_url, token, opts.signal, bound)
+    await _SseFollower(base_url, token, opts, printer, bound).run()

@@ -17,13 +17,11 @@ import pytest
 
 from engine import flow, oke, ops, signal
 from engine.flows import Binding
-from engine.store import make_store
 from engine.store import schema as schema_mod
 from okconsole.app import ConsoleApp
 from okconsole.screens.overview import OverviewScreen
 from screenkit import screen_lines, screen_text
-from test_cli import okconsole_cmd, run_in_pty, run_okconsole
-from test_console_tui import wait_for
+from consolekit import okconsole_cmd, run_in_pty, run_okconsole, wait_for, with_store
 from workers.db import execute, fetch, scalar
 
 TESTS = Path(__file__).resolve().parent
@@ -33,15 +31,6 @@ FIX_1071 = ("Use signal.broadcast if each flow should independently receive this
 
 async def _noop(payload: Any, fx: Any) -> None:
     return None
-
-
-async def with_store(url: str, fn: Any) -> Any:
-    store = make_store(url)
-    await store.open()
-    try:
-        return await fn(store)
-    finally:
-        await store.close()
 
 
 def boot_process(url: str, signal_name: str, flow_name: str) -> subprocess.CompletedProcess:

@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import pty
 import re
-import select
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +17,12 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from engine import flow, oke, on, ops, signal
+from engine import flow, oke, on, signal
 from engine.store import make_store
 from okconsole.cli import app
 from burstkit import emit_many
 from test_ops import Boom
+from consolekit import okconsole_cmd, run_in_pty, run_okconsole
 
 runner = CliRunner()
 DEAD_LETTER_FIELDS = {"id", "signal", "key", "payload", "attempts", "failures", "created_at", "parent_run_id",
@@ -39,18 +34,6 @@ UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/nope"
 
 def cli(*args: str, env: dict[str, str] | None = None, input: str | None = None):
     return runner.invoke(app, list(args), env=env, input=input, catch_exceptions=False)
-
-
-def okconsole_cmd() -> list[str]:
-    found = shutil.which("okconsole")
-    return [found] if found else [sys.executable, "-m", "okconsole"]
-
-
-def run_okconsole(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                  timeout: float = 60) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([*okconsole_cmd(), *args], capture_output=True, text=True, cwd=cwd, env=full_env,
-                          timeout=timeout)
 
 
 def as_json(result) -> Any:
@@ -528,47 +511,6 @@ def test_help_lists_every_command():
 
 
 # ------------------------------------------------------------------------------ on a terminal
-
-def run_in_pty(args: list[str], answer: str | None = None, env: dict[str, str] | None = None,
-               cwd: Path | None = None, timeout: float = 60,
-               keys_when: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run with stdin/stdout/stderr on a pseudo-terminal; type `answer` when a [y/N] prompt shows
-    (and, for each `keys_when` marker, its keys once the marker shows)."""
-    pending = {"[y/N]": answer} if answer is not None else {}
-    pending.update(keys_when or {})
-    master, slave = pty.openpty()
-    full_env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color", **(env or {})}
-    for name, value in list(full_env.items()):
-        if value is None:
-            del full_env[name]
-    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=full_env, cwd=cwd,
-                            close_fds=True)
-    os.close(slave)
-    out = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-                for marker in [m for m in pending if m.encode() in out]:
-                    os.write(master, pending.pop(marker).encode())
-            elif proc.poll() is not None:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"timed out; output so far: {out!r}")
-        proc.wait(timeout=10)
-    finally:
-        os.close(master)
-    return proc.returncode, out.decode(errors="replace")
-
 
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
 

@@ -27,7 +27,8 @@ import typer.main
 from engine import flow, oke, on, signal
 from okconsole.cli import app
 from okconsole.tailing import NETWORK_TIMEOUT_S, network_timeout_s
-from test_cli import Shop, cli, okconsole_cmd, run_in_pty, run_okconsole
+from consolekit import okconsole_cmd, run_in_pty, run_okconsole
+from test_cli import Shop, cli
 from test_ops import Boom
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

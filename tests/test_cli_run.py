@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from engine import oke, signal
 from livekit import free_port
+from consolekit import wait_port
 
 TESTS = Path(__file__).resolve().parent
 
@@ -22,17 +21,6 @@ def okconsole(*args: str, env: dict[str, str] | None = None, timeout: float = 60
               ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "okconsole", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL)
-
-
-def wait_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/_oke/exposures", timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise AssertionError(f"nothing listened on {port}")
 
 
 def test_demo_headless_produces_traffic_with_failures_and_a_tape(tmp_path: Path):

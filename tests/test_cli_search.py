@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from test_cli import as_json, cli, run_okconsole, shop  # noqa: F401  (shop is a fixture)
+from consolekit import run_okconsole
+from test_cli import as_json, cli, shop  # noqa: F401  (shop is a fixture)
 
 
 def test_messages_search_matches_payload_key_and_last_failure(db_url, shop):  # noqa: F811

@@ -13,7 +13,7 @@ from engine.store import make_store
 from okconsole.app import ConsoleApp
 from okconsole.screens.messages import MessagesScreen
 from screenkit import screen_text
-from test_console_tui import SIZE, wait_for
+from consolekit import SIZE, wait_for
 
 ID = re.compile(r"msg_[0-9a-z]{26}")
 

@@ -19,7 +19,7 @@ from okconsole.screens.dlq import DeadLettersScreen
 from okconsole.screens.overview import OverviewScreen
 from okconsole.screens.tail import TailScreen
 from screenkit import screen_lines, screen_text, toast_text
-from test_console_tui import wait_for
+from consolekit import wait_for
 
 SIZE = (160, 48)
 

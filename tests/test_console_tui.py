@@ -1,14 +1,11 @@
 """The TUI driven by Pilot over a real populated store, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from textual.css.query import NoMatches
 
 from console_workers.shop import declare, populate
 from engine import oke, ops
@@ -21,26 +18,9 @@ from okconsole.screens.overview import OverviewScreen
 from okconsole.screens.tail import TailScreen
 from okconsole.screens.trace import TraceScreen
 from screenkit import screen_text
+from consolekit import SIZE, wait_for
 
-SIZE = (160, 48)
 TESTS = Path(__file__).resolve().parent
-
-
-async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
-    """Let the app run until `predicate()` holds (loads are asynchronous)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not _holds(predicate):
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await pilot.pause(0.05)
-
-
-def _holds(predicate) -> bool:
-    try:
-        return bool(predicate())
-    except NoMatches:  # the screen is still composing
-        return False
 
 
 async def read_stats(url: str):

@@ -6,7 +6,7 @@ from console_workers.shop import populate
 from okconsole.app import ConsoleApp
 from okconsole.screens.overview import OverviewScreen
 from screenkit import screen_lines
-from test_console_tui import wait_for
+from consolekit import wait_for
 
 
 def header_of(app) -> str:

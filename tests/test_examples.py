@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from livekit import free_port
-from test_cli_run import wait_port
+from consolekit import wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

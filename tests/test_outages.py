@@ -33,6 +33,7 @@ from engine.flows import current_bindings
 from livekit import free_port, wait_listening
 from pgcluster import PgCluster, PgClusterError
 from workers.db import fetch
+from consolekit import okconsole_cmd
 
 OUTAGE_S = 2.5
 
@@ -415,11 +416,6 @@ async def test_console_and_cli_while_postgres_is_down(pg: PgCluster, pg_db: str)
             assert "Traceback" not in cli.stderr
         await wait(lambda: " ok" in status() and "unreachable" not in status(), "recovered on its own")
         assert console.store_ok is True
-
-
-def okconsole_cmd() -> list[str]:
-    found = shutil.which("okconsole")
-    return [found] if found else [sys.executable, "-m", "okconsole"]
 
 
 # --------------------------------------------------------------------------- SQLite

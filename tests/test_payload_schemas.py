@@ -17,9 +17,7 @@ from engine import OkeError, flow, oke, on, ops, signal
 from okconsole.app import ConsoleApp
 from okconsole.screens.dlq import DeadLettersScreen
 from screenkit import flat_text
-from test_bindings import with_store
-from test_cli import run_okconsole
-from test_console_tui import wait_for
+from consolekit import run_okconsole, wait_for, with_store
 from workers.db import fetch, scalar
 
 

@@ -277,3 +277,19 @@ async def unbind(store: Store, signal: str, flow: str, *, actor: str | None = No
         ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor,
                                                               reason=reason))
     return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)
+
+
+# -- what the console needs from the store, so it imports no engine.store module ----------------
+from ..store import make_store, resolve_url  # noqa: E402
+from ..store.outage import is_outage  # noqa: E402
+from .tapes import TapeEntry, TapeInfo, live_signals, tape_after, tape_info, tape_last  # noqa: E402
+
+__all__ += ["Store", "TapeEntry", "TapeInfo", "is_outage", "live_signals", "open_store", "resolve_url",
+            "tape_after", "tape_info", "tape_last"]
+
+
+async def open_store(database_url: str | None = None) -> Store:
+    """The store at `database_url` (else env OKE_DATABASE_URL, else the default), opened: the caller closes it."""
+    store = make_store(database_url)
+    await store.open()
+    return store

@@ -10,7 +10,7 @@ from textual.widgets import DataTable
 from engine import ops
 
 from .. import fmt
-from ..widgets.tables import sync_rows
+from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
 
 COLUMNS = ("at", "actor", "action", "signal", "count", "ids", "reason")

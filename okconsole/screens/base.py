@@ -39,7 +39,7 @@ class ConsoleScreen(Screen[None]):
     filter_text = ""
 
     @property
-    def console(self) -> "ConsoleApp":
+    def console(self) -> ConsoleApp:
         return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:

@@ -5,15 +5,16 @@ import json
 from typing import Any
 
 from rich.syntax import Syntax
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from rich.text import Text
 from textual.widgets import Static, Tree
 
 from engine import ops
 
 from .. import fmt
+from ..styles import DEAD_STYLE
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen, EditPayloadScreen
 from .trace_tree import fill_tree
@@ -158,7 +159,7 @@ def failure_lines(failures: list[Any]) -> Text:
     split), then its message, which wraps by words at any width (a table would cut it at 80 columns)."""
     text = Text()
     for f in reversed(failures):
-        style = "b cyan" if f.code == "replayed" else "b red"
+        style = "b cyan" if f.code == "replayed" else DEAD_STYLE
         if text:
             text.append("\n")
         text.append(f"attempt {f.attempt} · ", "dim")

@@ -10,7 +10,8 @@ from textual.widgets import DataTable, Static
 from engine import ops
 
 from .. import fmt
-from ..widgets.tables import sync_rows
+from ..styles import DEAD_STYLE, styled
+from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen, EditPayloadScreen
 
@@ -88,7 +89,7 @@ class DeadLettersScreen(ConsoleScreen):
         counted = [s.dead for s in await self.console.data.call(ops.stats) if s.signal == self.signal]
         self.total_dead = counted[0] if counted else None
         table = self.query_one("#groups", DataTable)
-        rows = [(f"{g.code}\x00{g.message}", [str(g.count), f"[b red]{g.code}[/]", fmt.short(g.message, 80),
+        rows = [(f"{g.code}\x00{g.message}", [str(g.count), styled(g.code, DEAD_STYLE), fmt.short(g.message, 80),
                                                 fmt.ago(g.last_at)]) for g in groups]
         sync_rows(table, rows, ("count", "code", "message", "last"))
         self.title_groups()

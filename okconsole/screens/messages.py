@@ -14,14 +14,14 @@ from textual.widgets import DataTable, Input, Static
 from engine import ops
 
 from .. import fmt
-from ..widgets.tables import sync_rows
+from ..styles import status_markup
+from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
 COLUMNS = [("id", "Id"), ("status", "Status"), ("key", "Key"), ("attempts", "Att."), ("owner", "Owner"),
            ("lease", "Lease left"), ("created", "Created"), ("note", "Note")]
-STATUS_STYLE = {"pending": "yellow", "inflight": "cyan", "delivered": "green", "dead": "b red"}
 # column -> (the store's sort, its shift+letter); Note is drawn here, not a stored value
 SORTS = {"id": ("id", "I"), "status": ("status", "S"), "key": ("key", "K"), "attempts": ("attempts", "A"),
          "owner": ("locked_by", "O"), "lease": ("lease_expires_at", "L"), "created": ("created_at", "C")}
@@ -108,8 +108,7 @@ class MessagesScreen(ConsoleScreen):
                 note = f"blocked behind {head}"
             if row.parent_run_id and not note:
                 note = f"from {row.parent_run_id}"
-            style = STATUS_STYLE.get(row.status, "")
-            wanted[row.id] = [row.id, f"[{style}]{row.status}[/]" if style else row.status, row.key or "—",
+            wanted[row.id] = [row.id, status_markup(row.status), row.key or "—",
                               str(row.attempts), owner, lease, fmt.ago(row.created_at), note]
         sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
         status = self.status or "all"

@@ -11,10 +11,10 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from engine import ops
-from engine.ops import tapes
 
 from .. import fmt
-from ..widgets.tables import sync_rows
+from ..styles import DEAD_STYLE
+from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
 
 COLUMNS = [("signal", "Signal"), ("kind", "Kind"), ("pending", "Pending"), ("inflight", "Inflight"),
@@ -66,7 +66,7 @@ class OverviewScreen(ConsoleScreen):
         heads: dict[str, int] = {}
         for row in stats:
             if row.kind == "live":
-                info = await self.console.data.call(tapes.tape_info, row.signal)
+                info = await self.console.data.call(ops.tape_info, row.signal)
                 retained[row.signal] = info.retained if info else 0
                 heads[row.signal] = info.head if info else 0
         self.render_rows(stats, retained, heads)
@@ -100,7 +100,7 @@ class OverviewScreen(ConsoleScreen):
                 cells = [row.signal, "live", "—", "—", f"{retained.get(row.signal, 0)} kept", "—", "—",
                          f"{rate:.1f}", fmt.sparkline(list(spark))]
             else:
-                dead = f"[b red]{row.dead}[/]" if row.dead else "0"
+                dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
                 lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
                 kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
                 cells = [row.signal, kind, str(row.pending), str(row.inflight), str(row.delivered), dead,

@@ -14,8 +14,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import RichLog, Static
 
+from engine import ops
 from engine.client import Client, ClientError, LiveResumeGap
-from engine.ops import tapes
 
 from .. import fmt
 from ..data import StoreDown
@@ -79,7 +79,7 @@ class TailScreen(ConsoleScreen):
     async def load(self) -> None:
         """The tail has its own loop; refresh only checks the store is reachable."""
         if not self.url:
-            await self.console.data.call(tapes.tape_info, self.signal)
+            await self.console.data.call(ops.tape_info, self.signal)
 
     def update_title(self) -> None:
         source = f"SSE {self.url}" if self.url else "store"
@@ -200,17 +200,17 @@ class TailScreen(ConsoleScreen):
         while True:
             try:
                 if first:
-                    info = await data.call(tapes.tape_info, self.signal)
+                    info = await data.call(ops.tape_info, self.signal)
                     if info is None:
                         self.notice(f"[b]no live tape {self.signal!r}[/b] in this store (esc goes back)")
                         return
-                    for entry in await data.call(tapes.tape_last, self.signal, BACKLOG):
+                    for entry in await data.call(ops.tape_last, self.signal, BACKLOG):
                         self.append(entry.id, entry.data, entry.created_at)
                     if self.cursor is None:
                         self.cursor = info.head_id
                     first = False
                     self.notice("")
-                entries, gap = await data.call(tapes.tape_after, self.signal, self.cursor)
+                entries, gap = await data.call(ops.tape_after, self.signal, self.cursor)
                 if gap is not None:
                     self.notice(f"[b]gap:[/b] cursor {self.cursor} cannot be resumed ({gap.reason}"
                                 f"{f', {gap.missed} missed' if gap.missed else ''}) — restarting from the "

@@ -2,24 +2,24 @@
 each failed run's error (as the CLI's `trace` prints it), and each run under the message it handled."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Tree
 
 from .. import fmt
+from ..styles import status_markup
 
-STATUS_STYLE = {"succeeded": "green", "failed": "red", "lease_lost": "yellow", "unknown": "dim"}
 Keep = Callable[[str], bool]
 
 
 def run_label(node: Any) -> str:
     took = (node.ended_at - node.started_at) if node.ended_at and node.started_at else None
-    style = STATUS_STYLE.get(node.status, "")
     attempt = f" · attempt {node.attempt}" if node.attempt else ""
     error = f" [red]{escape(node.error)}[/]" if node.error else ""
-    return (f"[b]{escape(node.flow or '?')}[/b] {node.run_id} [{style}]{node.status}[/]"
+    return (f"[b]{escape(node.flow or '?')}[/b] {node.run_id} {status_markup(node.status)}"
             f" · {fmt.span(took) if took is not None else '—'}{attempt}{error}")
 
 

@@ -1,7 +1,9 @@
-"""Keep a DataTable in step with fresh rows without flicker, every number drawn in full."""
+"""The TUI's DataTables (the CLI's Rich tables are okconsole/cli_tables.py): kept in step with
+fresh rows without flicker, every number drawn in full."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from textual.widgets import DataTable
 
@@ -17,7 +19,7 @@ def sync_rows(table: DataTable[Any], rows: Sequence[tuple[str, Sequence[Any]]], 
     current = [key.value for key in table.rows]
     if current == order:
         for key, cells in rows:
-            for column, value in zip(columns, cells):
+            for column, value in zip(columns, cells, strict=False):
                 if table.get_cell(key, column) != value:
                     table.update_cell(key, column, value, update_width=True)
         return

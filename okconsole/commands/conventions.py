@@ -6,6 +6,7 @@ its commands' parameters to print plain metavars, appends each command's example
 turns a KeyboardInterrupt anywhere into exit status 130, and lets Typer's completion options name
 the shell (`--show-completion zsh`) besides detecting it (SPEC §10b).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,31 +20,47 @@ COMPLETION_FLAGS = ("--show-completion", "--install-completion")
 
 # command name -> example lines (root: ""); every command has some (tests/test_cli_conventions.py)
 EXAMPLES: dict[str, list[str]] = {
-    "": ["okconsole                                  # the TUI over ./.oke/oke.db",
-         "okconsole --db ./shop.db stats",
-         "okconsole --db postgresql+asyncpg://oke@db/shop dlq shop.email",
-         "OKE_DATABASE_URL=sqlite+aiosqlite:////var/lib/shop/oke.db okconsole stats --json"],
+    "": [
+        "okconsole                                  # the TUI over ./.oke/oke.db",
+        "okconsole --db ./shop.db stats",
+        "okconsole --db postgresql+asyncpg://oke@db/shop dlq shop.email",
+        "OKE_DATABASE_URL=sqlite+aiosqlite:////var/lib/shop/oke.db okconsole stats --json",
+    ],
     "stats": ["okconsole stats", "okconsole stats --json | jq '.[] | select(.dead > 0) | .signal'"],
-    "messages": ["okconsole messages shop.email --status dead",
-                 "okconsole messages shop.email --key usr_1 --limit 10 --json"],
+    "messages": [
+        "okconsole messages shop.email --status dead",
+        "okconsole messages shop.email --key usr_1 --limit 10 --json",
+    ],
     "show": ["okconsole show msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V", "okconsole show msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json"],
     "dlq": ["okconsole dlq shop.email", "okconsole dlq shop.email --limit 5 --json"],
     "failures": ["okconsole failures shop.email", "okconsole failures shop.email --json"],
     "audit": ["okconsole audit", "okconsole audit --limit 20 --json"],
     "bindings": ["okconsole bindings", "okconsole bindings --json | jq '.[] | select(.active | not)'"],
-    "unbind": ["okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
-               "okconsole unbind catalog.changed search.reindex --yes --json"],
-    "trace": ["okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V", "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json"],
-    "replay": ["okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --reason 'smtp fixed'",
-               "okconsole replay shop.email --all --code SmtpRefused --dry-run",
-               "okconsole replay shop.email --all --older-than 1h --rate 50/s --yes",
-               "okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --payload fixed.json --yes"],
-    "purge": ["okconsole purge shop.email --status delivered --older-than 7d --dry-run",
-              "okconsole purge shop.email --status dead --yes --reason 'obsolete'"],
+    "unbind": [
+        "okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
+        "okconsole unbind catalog.changed search.reindex --yes --json",
+    ],
+    "trace": [
+        "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V",
+        "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json",
+    ],
+    "replay": [
+        "okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --reason 'smtp fixed'",
+        "okconsole replay shop.email --all --code SmtpRefused --dry-run",
+        "okconsole replay shop.email --all --older-than 1h --rate 50/s --yes",
+        "okconsole replay shop.email msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --payload fixed.json --yes",
+    ],
+    "purge": [
+        "okconsole purge shop.email --status delivered --older-than 7d --dry-run",
+        "okconsole purge shop.email --status dead --yes --reason 'obsolete'",
+    ],
     "demo": ["okconsole demo", "okconsole demo --headless --seconds 30"],
     "serve": ["okconsole serve shop.app:app", "okconsole serve shop.app:create_app --port 8080 --concurrency 16"],
-    "tail": ["okconsole tail order-status", "okconsole tail order-status --url http://127.0.0.1:6530 --token T",
-             "okconsole tail order-status --from-start --count 100 --json"],
+    "tail": [
+        "okconsole tail order-status",
+        "okconsole tail order-status --url http://127.0.0.1:6530 --token T",
+        "okconsole tail order-status --from-start --count 100 --json",
+    ],
 }
 
 
@@ -113,7 +130,7 @@ def _complete_for_named_shell(ctx: Any, args: list[str]) -> None:
     only detect the running shell, so a named one is handled here with Typer's scripts."""
     from typer.completion import get_completion_script, install
 
-    for flag, shell in zip(args, args[1:]):
+    for flag, shell in zip(args, args[1:], strict=False):
         if not flag.startswith("-"):
             return  # a command name: the rest is that command's
         if flag in COMPLETION_FLAGS and shell in SHELLS:

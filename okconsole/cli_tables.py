@@ -1,4 +1,6 @@
-"""Tables that never split an id, a key or a time across lines (SPEC §10b).
+"""The CLI's Rich tables (`okconsole stats` and co.; the TUI's DataTables are widgets/tui_tables.py).
+
+They never split an id, a key or a time across lines (SPEC §10b).
 
 Rich shrinks every column of a table that is too wide and folds what no longer fits, so at 80 or
 120 columns an id came out in two halves. Here each column says what it holds:
@@ -15,8 +17,8 @@ line is as long as it needs to be.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -71,7 +73,7 @@ def minimum_widths(grid: Grid, natural: list[int]) -> list[int]:
 def natural_widths(grid: Grid) -> list[int]:
     widths = [len(c.name) for c in grid.columns]
     for cells, _ in grid.rows:
-        widths = [max(w, _cell_width(cell)) for w, cell in zip(widths, cells)]
+        widths = [max(w, _cell_width(cell)) for w, cell in zip(widths, cells, strict=False)]
     return widths
 
 

@@ -1,0 +1,30 @@
+"""The colour of every status, once, for the CLI's Rich tables and the TUI's Textual markup alike
+(both read Rich style strings): a message's status and a run's."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+STATUS_STYLE: dict[str, str] = {
+    # a message
+    "pending": "yellow",
+    "inflight": "cyan",
+    "delivered": "green",
+    "dead": "bold red",
+    # a run
+    "succeeded": "green",
+    "failed": "red",
+    "lease_lost": "magenta",
+    "unknown": "dim",
+}
+DEAD_STYLE = STATUS_STYLE["dead"]  # a count of dead letters, a failure code: what needs a look
+
+
+def styled(text: str, style: str | None) -> str:
+    """`text` (escaped) in `style` as markup; plain when there is no style."""
+    return f"[{style}]{escape(text)}[/]" if style else escape(text)
+
+
+def status_markup(status: str) -> str:
+    """A status word in its colour (unknown words plain)."""
+    return styled(status, STATUS_STYLE.get(status))
