@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable
+from collections.abc import Callable
+
+from sqlalchemy import Connection
 
 from ..store import Store
-from . import live
+from . import tape
 
-log = logging.getLogger("engine.bus.hub")
+log = logging.getLogger("engine.live.hub")
 FALLBACK_POLL_S = 1.0
 WAL_POLL_S = 0.02
 QUEUE_BATCHES = 256
@@ -35,7 +37,7 @@ class Subscription:
     """One stream's view of a hub: batches of events; None when dropped for being slow."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[list[live.LiveItem] | None | str] = asyncio.Queue(QUEUE_BATCHES)
+        self.queue: asyncio.Queue[list[tape.LiveItem] | None | str] = asyncio.Queue(QUEUE_BATCHES)
         self.dropped = False
 
     def end(self) -> None:
@@ -46,7 +48,7 @@ class Subscription:
             self.queue.get_nowait()
             self.queue.put_nowait(DONE)
 
-    def offer(self, batch: list[live.LiveItem] | str) -> None:
+    def offer(self, batch: list[tape.LiveItem] | str) -> None:
         if self.dropped:
             return
         try:
@@ -58,7 +60,7 @@ class Subscription:
 
 
 class TapeHub:
-    def __init__(self, store: Store, signal: str, on_empty: Callable[["TapeHub"], None]) -> None:
+    def __init__(self, store: Store, signal: str, on_empty: Callable[[TapeHub], None]) -> None:
         self.store = store
         self.signal = signal
         self.subscribers: set[Subscription] = set()
@@ -93,11 +95,10 @@ class TapeHub:
             self.on_empty(self)
 
     async def _run(self) -> None:
-        wal = getattr(self.store, "path", None)
-        wal_path = wal + "-wal" if self.store.dialect == "sqlite" and wal else None
-        seen = _stat(wal_path)
-        backoff = 0.1
+        """Read and offer until the last subscriber leaves: pace, read, then wait for a wake-up."""
+        wal = _WalWatch.of(self.store)
         loop = asyncio.get_running_loop()
+        backoff = 0.1
         offered_at = -1.0
         while self.subscribers:
             pause = offered_at + self.pace_s() - loop.time()
@@ -105,58 +106,105 @@ class TapeHub:
                 await asyncio.sleep(pause)  # let events gather: one write per stream carries them all
             self.wake.clear()  # before reading: an append that lands during the read wakes the next round
             try:
-                if self.last_seq is None:
-                    tape = await self.store.read(lambda c: live.state(c, self.signal))
-                    self.last_seq = tape.head if tape else 0
-                    self.epoch = tape.epoch if tape else ""
-                    self.ready.set()
-                else:
-                    while True:
-                        after = self.last_seq
-                        epoch, head, events = await self.store.read(
-                            lambda c: live.read_since(c, self.signal, after))
-                        if epoch is not None and epoch != self.epoch:
-                            # wiped or restored: label new events with the new epoch, and tell every
-                            # stream; those still on the old epoch end, so their clients learn of the
-                            # reset (410) now rather than at the next event
-                            self.epoch = epoch
-                            for sub in list(self.subscribers):
-                                sub.offer(RESET)
-                            if head < self.last_seq:  # a restore may have rolled the head back
-                                self.last_seq = head
-                                continue
-                        if not events:
-                            break
-                        self.last_seq = events[-1].seq
-                        batch = live.items(self.epoch, events)
-                        for sub in list(self.subscribers):
-                            sub.offer(batch)
-                        offered_at = loop.time()
-                backoff = 0.1
+                offered = await self._read_round()
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the store is away: keep the streams, retry
-                log.warning("live tape %s: read failed (%s); retrying in %.1fs", self.signal, err, backoff)
-                # a wake-up (a local append, the LISTEN connection back) ends the back-off early:
-                # after a long outage the streams must not wait up to 5 s more for the first read
-                try:
-                    await asyncio.wait_for(self.wake.wait(), backoff)
-                except TimeoutError:
-                    pass
+                await self._back_off(err, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            waited = 0.0
-            step = WAL_POLL_S if wal_path else FALLBACK_POLL_S
-            while not self.wake.is_set() and waited < FALLBACK_POLL_S:
-                try:
-                    await asyncio.wait_for(self.wake.wait(), step)
-                except TimeoutError:
-                    waited += step
-                    if wal_path:
-                        now = _stat(wal_path)
-                        if now != seen:
-                            seen = now
-                            break
+            if offered is not None:
+                offered_at = offered
+            backoff = 0.1
+            await self._idle(wal)
+
+    async def _read_round(self) -> float | None:
+        """Learn the head (first round), else offer what was appended; when it last offered events."""
+        if self.last_seq is None:
+            await self._load_head()
+            return None
+        return await self._catch_up(self.last_seq)
+
+    async def _load_head(self) -> None:
+        """The tape's head and epoch: from now on every later event is offered (`ready`)."""
+        state = await self.store.read(lambda c: tape.state(c, self.signal))
+        self.last_seq = state.head if state else 0
+        self.epoch = state.epoch if state else ""
+        self.ready.set()
+
+    async def _catch_up(self, after: int) -> float | None:
+        """Offer every event after `after` to every subscriber, page by page; the loop time of the
+        last offer (None when there was nothing new)."""
+        loop = asyncio.get_running_loop()
+        offered_at: float | None = None
+        while True:
+            epoch, head, events = await self.store.read(_since(self.signal, after))
+            if epoch is not None and epoch != self.epoch:
+                self._reset(epoch)
+                if head < after:  # a restore may have rolled the head back
+                    self.last_seq = after = head
+                    continue
+            if not events:
+                return offered_at
+            self.last_seq = after = events[-1].seq
+            batch = tape.items(self.epoch, events)
+            for sub in list(self.subscribers):
+                sub.offer(batch)
+            offered_at = loop.time()
+
+    def _reset(self, epoch: str) -> None:
+        """Wiped or restored: label new events with the new epoch, and tell every stream; those still
+        on the old epoch end, so their clients learn of the reset (410) now rather than at the next event."""
+        self.epoch = epoch
+        for sub in list(self.subscribers):
+            sub.offer(RESET)
+
+    async def _back_off(self, err: Exception, backoff: float) -> None:
+        log.warning("live tape %s: read failed (%s); retrying in %.1fs", self.signal, err, backoff)
+        # a wake-up (a local append, the LISTEN connection back) ends the back-off early:
+        # after a long outage the streams must not wait up to 5 s more for the first read
+        try:
+            await asyncio.wait_for(self.wake.wait(), backoff)
+        except TimeoutError:
+            pass
+
+    async def _idle(self, wal: _WalWatch) -> None:
+        """Until a wake-up, a change of the SQLite WAL (another process appended), or the fallback poll."""
+        waited = 0.0
+        step = WAL_POLL_S if wal.path else FALLBACK_POLL_S
+        while not self.wake.is_set() and waited < FALLBACK_POLL_S:
+            try:
+                await asyncio.wait_for(self.wake.wait(), step)
+            except TimeoutError:
+                waited += step
+                if wal.changed():
+                    return
+
+
+def _since(signal: str, after: int) -> Callable[[Connection], tuple[str | None, int, list[tape.TapeEvent]]]:
+    return lambda conn: tape.read_since(conn, signal, after)
+
+
+class _WalWatch:
+    """On SQLite, the WAL file's (mtime, size): a change means another process may have appended."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.seen = _stat(path)
+
+    @classmethod
+    def of(cls, store: Store) -> _WalWatch:
+        db = getattr(store, "path", None)
+        return cls(db + "-wal" if store.dialect == "sqlite" and db else None)
+
+    def changed(self) -> bool:
+        if self.path is None:
+            return False
+        now = _stat(self.path)
+        if now == self.seen:
+            return False
+        self.seen = now
+        return True
 
 
 def _stat(path: str | None) -> tuple[int, int]:
@@ -175,7 +223,7 @@ class HubRegistry:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.hubs: dict[str, TapeHub] = {}
-        store.on_notify(live.TAPE_CHANNEL, self._on_notify)
+        store.on_notify(tape.TAPE_CHANNEL, self._on_notify)
 
     def hub(self, signal: str) -> TapeHub:
         found = self.hubs.get(signal)

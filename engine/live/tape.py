@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, text, update
 
@@ -98,6 +99,12 @@ def _lock_tape(conn: Connection, signal: str) -> Any:
 def ensure_tape(conn: Connection, signal: str) -> None:
     """Create the tape's metadata (and its epoch) if it does not exist yet."""
     _lock_tape(conn, signal)
+
+
+def ensure_tapes(conn: Connection, signals: Iterable[str]) -> None:
+    """`ensure_tape` for each of `signals` (a booting app's live signals), in one transaction."""
+    for signal in signals:
+        _lock_tape(conn, signal)
 
 
 def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: str | None,
