@@ -12,6 +12,7 @@ later batches are tried anew. A caller cancelled before its batch was taken is l
 is not stored); one cancelled later just does not hear the result. The flusher runs in its own
 task, so a caller's cancellation never interrupts a transaction that carries other callers' events.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -98,10 +99,19 @@ class LiveAppender:
                 batch = []
         except BaseException:
             # cancelled (the app closed without waiting) or broken: nobody may wait forever
-            _fail(batch, AppendInterrupted(f'emit("{lane.name}"): the app closed before the store confirmed '
-                                           "the append, so the event may not be stored"))
-            _fail(lane.queue, AppendInterrupted(f'emit("{lane.name}"): the app closed before the event was '
-                                                "appended, so it was not stored"))
+            _fail(
+                batch,
+                AppendInterrupted(
+                    f'emit("{lane.name}"): the app closed before the store confirmed '
+                    "the append, so the event may not be stored"
+                ),
+            )
+            _fail(
+                lane.queue,
+                AppendInterrupted(
+                    f'emit("{lane.name}"): the app closed before the event was appended, so it was not stored'
+                ),
+            )
             lane.queue.clear()
             raise
         finally:

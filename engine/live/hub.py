@@ -6,6 +6,7 @@ process keeps one `TapeHub` per tape with subscribers: it reads new events once
 by a slow poll as a fallback) and hands each batch to every subscriber's queue.
 A subscriber too slow to keep up is dropped; its client resumes by id.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -5,10 +5,12 @@ nothing was sent for HEARTBEAT_S: a comment on a plain stream, an id-only frame
 with the head id on a filtered one (it moves the client's cursor past events it
 filtered out). On shutdown the stream ends with `data: [DONE]`.
 """
+
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from sqlalchemy import Connection
@@ -55,8 +57,9 @@ def _frames(epoch: str, events: list[tape.TapeEvent], match: Match | None) -> by
     return b"".join(item.frame for item in tape.items(epoch, events) if _accept(match, item.value))
 
 
-async def _pages(store: Store, signal: str, epoch: str, after: int, match: Match | None,
-                 until: int | None = None) -> AsyncIterator[tuple[int, bytes]]:
+async def _pages(
+    store: Store, signal: str, epoch: str, after: int, match: Match | None, until: int | None = None
+) -> AsyncIterator[tuple[int, bytes]]:
     """(seq of the page's last event, its frames that pass `match`) per stored page after `after`
     (through `until`): one chunk per page, since a write per frame is what a replay costs."""
     while True:
@@ -91,10 +94,19 @@ def _drain(sub: Subscription, first: list[tape.LiveItem]) -> tuple[list[list[tap
 _HEARTBEAT = "heartbeat"  # what _Stream._next returns when nothing was written for heartbeat_s
 
 
-async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, signal: str, epoch: str,
-                      after_seq: int, match: Match | None, *, heartbeat_s: float = HEARTBEAT_S,
-                      first_page: list[tape.TapeEvent] | None = None, page_head: int = 0
-                      ) -> AsyncIterator[bytes]:
+async def live_stream(
+    store: Store,
+    hubs: HubRegistry,
+    control: StreamControl,
+    signal: str,
+    epoch: str,
+    after_seq: int,
+    match: Match | None,
+    *,
+    heartbeat_s: float = HEARTBEAT_S,
+    first_page: list[tape.TapeEvent] | None = None,
+    page_head: int = 0,
+) -> AsyncIterator[bytes]:
     """Every retained event after `after_seq` that passes `match`, then live ones, without a hole.
 
     Whatever is ready goes out as one chunk: a replay page, or every hub batch waiting in the
@@ -112,10 +124,12 @@ async def live_stream(store: Store, hubs: HubRegistry, control: StreamControl, s
         # The hub offers every event after its `last_seq` from the moment it is ready; replaying the
         # store after that moment covers everything up to it, so no event falls between the two.
         await stream.hub.ready.wait()
-        async for chunk in stream.replay(first_page, page_head):
-            yield chunk
-        async for chunk in stream.follow():
-            yield chunk
+        async with aclosing(stream.replay(first_page, page_head)) as replayed:
+            async for chunk in replayed:
+                yield chunk
+        async with aclosing(stream.follow()) as followed:
+            async for chunk in followed:
+                yield chunk
         yield DONE_FRAME
     finally:
         stream.leave()
@@ -125,11 +139,35 @@ class _Stream:
     """One stream's state between its steps: its subscription, the last seq it passed on (`last`,
     sent or filtered out) and when it last wrote (`sent_at`, for the heartbeat)."""
 
-    __slots__ = ("store", "hubs", "control", "signal", "epoch", "prefix", "match", "heartbeat_s", "loop",
-                 "hub", "sub", "last", "sent_at", "held", "reset")
+    __slots__ = (
+        "store",
+        "hubs",
+        "control",
+        "signal",
+        "epoch",
+        "prefix",
+        "match",
+        "heartbeat_s",
+        "loop",
+        "hub",
+        "sub",
+        "last",
+        "sent_at",
+        "held",
+        "reset",
+    )
 
-    def __init__(self, store: Store, hubs: HubRegistry, control: StreamControl, signal: str, epoch: str,
-                 after_seq: int, match: Match | None, heartbeat_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hubs: HubRegistry,
+        control: StreamControl,
+        signal: str,
+        epoch: str,
+        after_seq: int,
+        match: Match | None,
+        heartbeat_s: float,
+    ) -> None:
         self.store = store
         self.hubs = hubs
         self.control = control
@@ -159,7 +197,7 @@ class _Stream:
         self.sent_at = self.loop.time()
         return chunk
 
-    async def replay(self, first_page: list[tape.TapeEvent] | None, page_head: int) -> AsyncIterator[bytes]:
+    async def replay(self, first_page: list[tape.TapeEvent] | None, page_head: int) -> AsyncGenerator[bytes, None]:
         """The stored events after the cursor: the first page the caller read, then the store's pages
         as far as the hub may not have them."""
         replay_from: int | None = self.last
@@ -182,8 +220,9 @@ class _Stream:
         # the hub offers what follows its last_seq; the store fills anything in between
         return self.last if (self.hub.last_seq or 0) > self.last else None
 
-    async def _store_pages(self, after: int, until: int | None = None, stop_on_close: bool = False
-                     ) -> AsyncIterator[bytes]:
+    async def _store_pages(
+        self, after: int, until: int | None = None, stop_on_close: bool = False
+    ) -> AsyncIterator[bytes]:
         """The store's pages after `after` (through `until`), moving `last` page by page."""
         async for last, chunk in _pages(self.store, self.signal, self.epoch, after, self.match, until):
             self.last = last
@@ -192,7 +231,7 @@ class _Stream:
             if stop_on_close and self.control.closing:
                 return
 
-    async def follow(self) -> AsyncIterator[bytes]:
+    async def follow(self) -> AsyncGenerator[bytes, None]:
         """Hub batches as they come (every batch already waiting joins the same write), heartbeats
         between them, until the server closes, the tape is reset or the stream is told it is done."""
         while not self.control.closing:
@@ -208,8 +247,9 @@ class _Stream:
                 if self.reset:
                     return
             elif batch == _HEARTBEAT:
-                yield self._sent(f"id: {self.epoch}.{self.last}\n\n".encode()
-                                 if self.match is not None and self.last else b":\n\n")
+                yield self._sent(
+                    f"id: {self.epoch}.{self.last}\n\n".encode() if self.match is not None and self.last else b":\n\n"
+                )
             elif batch is None:  # too slow for the hub: rejoin, and catch up from the store
                 async for chunk in self._rejoin():
                     yield chunk
@@ -279,4 +319,3 @@ class _Stream:
         await self.hub.ready.wait()
         async for chunk in self._store_pages(self.last):
             yield chunk
-
