@@ -24,7 +24,7 @@ so a server that falls behind is charged for the time it takes to catch up (the 
 `--drain` s after the last emit); latency = receive wall time − the `t` (`time.time()` just before the
 emit) carried in each payload; memory per connection = (server RSS with every stream open − RSS
 after one warm-up request) / streams. Replay: a fresh tape filled with 100,000 events through
-`engine.bus.live.append` in batches of 1,000 (`store.write`), then one reader with
+`engine.live.tape.append` in batches of 1,000 (`store.write`), then one reader with
 `Last-Event-ID: <epoch>.0` timed from its request to the 100,000th event.
 
 Floors (issue #3): fan-out ≥ 50% of the bare endpoint's delivered rate, p99 < 250 ms,

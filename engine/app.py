@@ -10,17 +10,17 @@ import time
 from typing import Any
 
 from . import payloads
-from .bus import live
-from .bus.appender import AppendInterrupted, LiveAppender
-from .bus.routing import rows_for
 from .durations import parse_duration_ms
+from .emitting import rows_for
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
+from .live import tape
+from .live.appender import AppendInterrupted, LiveAppender
+from .runtime import HttpRuntime, Runtime, not_started
 from .store import registry
-from .runtime import Runtime
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, resolve_url
 from .store.base import check_key
@@ -98,7 +98,7 @@ class OkeApp:
                                                            self.binding_ttl_ms))
             _warn_of_other_once_flows(manifest, await store.read(registry.recent_flows))
             live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
-            await store.write(lambda conn: [live.ensure_tape(conn, n) for n in live_names])
+            await store.write(lambda conn: tape.ensure_tapes(conn, live_names))
         except BaseException:
             await store.close()
             raise
@@ -114,10 +114,7 @@ class OkeApp:
     async def close(self) -> None:
         self._stop_requested.set()
         if self._http is not None:
-            self._http.shutdown()
-            if self._http._hubs is not None:
-                self._http._hubs.close()
-                self._http._hubs = None
+            self._http.close()
         if self.store is not None:
             appender, self._appender = self._appender, None
             try:
@@ -129,7 +126,7 @@ class OkeApp:
 
     def _require_store(self) -> Store:
         if self.store is None:
-            raise RuntimeError(f'oke("{self.name}") is not started: use "async with app:" or await app.start()')
+            raise not_started(self.name)
         return self.store
 
     # -- emit ------------------------------------------------------------------------------
@@ -201,7 +198,7 @@ class OkeApp:
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
         """Append to the tape; every connected stream on every process sees it.
 
-        Concurrent emits on one tape share a transaction (engine/bus/appender.py): one fsync or
+        Concurrent emits on one tape share a transaction (engine/live/appender.py): one fsync or
         round trip for many events is what keeps emit→receive latency low under load.
         """
         if self._appender is None:
@@ -229,8 +226,14 @@ class OkeApp:
             routes = self.manifest.routes if self.manifest is not None else [
                 b for b in (self._bindings if self._bindings is not None else current_bindings())
                 if not isinstance(b.trigger, Signal)]
-            self._http = HttpServer(self, routes)
+            self._http = HttpServer(self._http_runtime(), routes)
         return self._http
+
+    def _http_runtime(self) -> HttpRuntime:
+        """What the HTTP server needs of this app (engine/runtime.py): asked for at each use, since
+        the server may exist before `start()` and `start()` opens a new store and stop event."""
+        return HttpRuntime(self.name, lambda: self.store, self.start, lambda: self._stop_requested.set(),
+                           self.emit, self.sse_heartbeat_s)
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
         """Run HTTP/SSE and the workers until `stop()`; open streams end with `data: [DONE]`."""

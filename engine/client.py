@@ -14,8 +14,10 @@ import asyncio
 import json
 import random
 import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -67,6 +69,30 @@ class _Unavailable(ClientError):
     """502/503/504: the server (or its database) is away for now; retried like a dropped stream."""
 
 
+class _Resume:
+    """Where a stream resumes (the last id received, or the tail to start at) and its back-off."""
+
+    def __init__(self, cursor: str | None, tail: int | None) -> None:
+        self.cursor = cursor
+        self.tail = tail
+        self.backoff = BACKOFF_MIN_S
+        self.connected = False  # a connection was answered 200 at least once
+
+    def opened(self) -> None:
+        self.backoff = BACKOFF_MIN_S
+        self.connected = True
+
+    def forget(self) -> None:
+        """After a 410 with auto_resubscribe: replay the remaining tape from its start."""
+        self.cursor = None
+        self.tail = None
+
+    async def back_off(self) -> None:
+        # jitter only lengthens the wait: the back-off stays within 500 ms … 30 s (SPEC §8)
+        await asyncio.sleep(min(self.backoff * (1 + 0.25 * random.random()), BACKOFF_MAX_S))
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
+
+
 def _signal_name(signal: Signal | str) -> str:
     return signal.name if isinstance(signal, Signal) else signal
 
@@ -113,50 +139,51 @@ class Client:
         """
         name = _signal_name(signal)
         params = dict(params or {})
-        cursor = last_event_id
-        backoff = BACKOFF_MIN_S
-        connected = False
+        resume = _Resume(last_event_id, tail)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=None)) as client:
             url: str | None = None
             while True:
-                headers = {**self._headers(), "Accept": "text/event-stream"}
-                query: dict[str, str] = {}
-                if cursor:
-                    headers["Last-Event-ID"] = cursor
-                elif tail is not None:
-                    query["tail"] = str(tail)
                 try:
                     if url is None:  # inside the retry: a server not up yet is retried like a drop
                         url = self.base_url + await self.path_for(client, name, params, via)
-                    async with aconnect_sse(client, "GET", url, headers=headers, params=query) as source:
-                        if source.response.status_code != 200:
-                            await source.response.aread()
-                            _raise_for_error(source.response, cursor or "")
-                        backoff = BACKOFF_MIN_S
-                        connected = True
-                        if on_open is not None:
-                            on_open()
-                        async for sse in source.aiter_sse():
-                            if sse.id:
-                                cursor = sse.id
-                            if sse.data == "[DONE]":
-                                raise _Ended()
-                            if not sse.data:
-                                continue  # heartbeat (httpx-sse yields id-only frames as empty events)
-                            yield LiveEvent(sse.id, json.loads(sse.data))
+                    async with aclosing(self._connection(client, url, resume, on_open)) as events:
+                        async for event in events:
+                            yield event
                 except LiveResumeGap:
                     if not auto_resubscribe:
                         raise
-                    cursor = None
-                    tail = None
+                    resume.forget()
                 except (_Ended, httpx.TransportError, _Unavailable):
-                    if not connected and not retry_first:
+                    if not resume.connected and not retry_first:
                         raise
                     if not reconnect:
                         return
-                # jitter only lengthens the wait: the back-off stays within 500 ms … 30 s (SPEC §8)
-                await asyncio.sleep(min(backoff * (1 + 0.25 * random.random()), BACKOFF_MAX_S))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await resume.back_off()
+
+    async def _connection(self, client: httpx.AsyncClient, url: str, resume: _Resume,
+                          on_open: Callable[[], Any] | None) -> AsyncGenerator[LiveEvent, None]:
+        """One connection's events, moving the cursor; `_Ended` on `data: [DONE]`, the server's error
+        (410 as LiveResumeGap) when it does not answer 200."""
+        headers = {**self._headers(), "Accept": "text/event-stream"}
+        query: dict[str, str] = {}
+        if resume.cursor:
+            headers["Last-Event-ID"] = resume.cursor
+        elif resume.tail is not None:
+            query["tail"] = str(resume.tail)
+        async with aconnect_sse(client, "GET", url, headers=headers, params=query) as source:
+            if source.response.status_code != 200:
+                await source.response.aread()
+                _raise_for_error(source.response, resume.cursor or "")
+            resume.opened()
+            if on_open is not None:
+                on_open()
+            async for sse in source.aiter_sse():
+                if sse.id:
+                    resume.cursor = sse.id
+                if sse.data == "[DONE]":
+                    raise _Ended()
+                if sse.data:  # else a heartbeat (httpx-sse yields id-only frames as empty events)
+                    yield LiveEvent(sse.id, json.loads(sse.data))
 
     def live(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
              on_event: Callable[[LiveEvent], Any], on_error: Callable[[BaseException], Any] | None = None,
@@ -181,7 +208,11 @@ class Client:
             loop = None
         if loop is not None:
             task = loop.create_task(follow())
-            return lambda: task.cancel() and None
+
+            def cancel() -> None:
+                task.cancel()
+
+            return cancel
 
         own = asyncio.new_event_loop()
         holder: dict[str, asyncio.Task[None]] = {}

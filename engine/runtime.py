@@ -1,13 +1,15 @@
-"""The runtime context: what the worker pool and a handler's `Fx` need of a started app, nothing more.
+"""The runtime contexts: what the worker pool, a handler's `Fx` and the HTTP server need of an app.
 
-The app (engine/app.py) builds one when its workers start, once the store is open. The worker and
-`Fx` see only this, so neither imports `engine.app`, and neither reaches for the app's private
-state (its stop event, its store check): what they use is spelled out here.
+The app (engine/app.py) builds a `Runtime` when its workers start, once the store is open, and an
+`HttpRuntime` with its ASGI server. The worker, `Fx` and the server see only these, so none imports
+`engine.app`, and none reaches for the app's private state (its stop event, its store check): what
+they use is spelled out here.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,8 +33,8 @@ class Emit(Protocol):
 
 
 class FxHost(Protocol):
-    """What `Fx` uses: the store (None while the app is not started) and emit. A `Runtime` is one;
-    so is an `OkeApp`, which is what custom HTTP flows' `Fx` is still given."""
+    """What `Fx` uses: the store (None while the app is not started) and emit. A `Runtime` is one
+    (workers' handlers), so is an `HttpRuntime` (custom HTTP flows)."""
 
     @property
     def store(self) -> Store | None: ...
@@ -62,3 +64,38 @@ class Runtime:
     stop_grace_s: float
     stop: asyncio.Event
     emit: Emit
+
+
+def not_started(app_name: str) -> RuntimeError:
+    """The error for using an app's store before `start()` (or after `close()`)."""
+    return RuntimeError(f'oke("{app_name}") is not started: use "async with app:" or await app.start()')
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRuntime:
+    """One app as its HTTP server sees it.
+
+    The server exists before the app starts (`app.asgi` may be taken first, and its lifespan boots
+    the app), and outlives a stop and a start again, so it asks for the store on each use
+    (`current_store`) rather than holding one. `start` boots the app (ASGI lifespan startup);
+    `request_stop` sets the app's stop event, which `start()` renews; `heartbeat_s` is the SSE
+    heartbeat interval.
+    """
+
+    app_name: str
+    current_store: Callable[[], Store | None]
+    start: Callable[[], Awaitable[None]]
+    request_stop: Callable[[], None]
+    emit: Emit
+    heartbeat_s: float
+
+    @property
+    def store(self) -> Store | None:
+        """The app's open store; None while it is not started (what `Fx` asks)."""
+        return self.current_store()
+
+    def require_store(self) -> Store:
+        store = self.current_store()
+        if store is None:
+            raise not_started(self.app_name)
+        return store

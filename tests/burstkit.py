@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import payloads as codec
-from engine.bus.routing import rows_for
+from engine.emitting import rows_for
 
 
 async def emit_many(app: Any, sig: Any, payloads: list[Any], key: str | None = None) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine import Forbidden, OkeError, Unauthorized, flow, gate, http, oke, on, signal
-from engine.bus import live
+from engine.live import tape as live
 from live_workers.kit import raw_request, seqs_of, sse, tape_rows
 from livekit import free_port, serving, wait_listening
 
@@ -886,7 +886,7 @@ async def test_a_wipe_under_an_open_stream_ends_it_and_its_cursor_is_reset(db_ur
 
 
 async def test_a_stream_too_slow_for_the_hub_catches_up_from_the_store(db_url, monkeypatch):
-    from engine.bus import hub as hub_module
+    from engine.live import hub as hub_module
 
     monkeypatch.setattr(hub_module, "QUEUE_BATCHES", 4)  # a small queue, so a stalled reader is dropped
     status = declare()
@@ -933,8 +933,8 @@ async def test_a_stream_too_slow_for_the_hub_catches_up_from_the_store(db_url, m
 async def test_a_stream_writes_each_replay_page_and_every_waiting_batch_as_one_chunk(db_url):
     """The body generator itself (real store, real hub): a replay page is one chunk, and hub batches
     that queued up while the stream was busy go out together, in order, each event once."""
-    from engine.bus.hub import HubRegistry
-    from engine.http.sse import StreamControl, live_stream
+    from engine.live.hub import HubRegistry
+    from engine.live.stream import StreamControl, live_stream
 
     ticks = signal.live("ticks", optional=True)
     async with oke("shop", database_url=db_url) as app:

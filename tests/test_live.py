@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from engine import Unauthorized, gate, http, oke, on, signal
-from engine.bus import live
+from engine.live import tape as live
 from engine.store import schema
 from livekit import data_of, read_frames, serving
 
@@ -242,7 +242,7 @@ async def test_close_flushes_pending_appends_and_leaves_no_task(db_url):
 async def test_a_hub_with_many_subscribers_paces_its_reads_and_loses_nothing(db_url):
     """With 1,000 streams each read costs 1,000 writes: the hub spaces its reads (≤ 20 ms), so a
     steady trickle of emits reaches each subscriber in fewer, fuller batches, all events in order."""
-    from engine.bus.hub import PACE_MAX_S, HubRegistry
+    from engine.live.hub import PACE_MAX_S, HubRegistry
 
     ticks = signal.live("ticks", optional=True)
     async with oke("shop", database_url=db_url) as app:

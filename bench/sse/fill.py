@@ -22,7 +22,7 @@ from engine_server import declare  # noqa: E402
 
 async def main(args: argparse.Namespace) -> None:
     from engine import oke
-    from engine.bus import live
+    from engine.live import tape as live
 
     sig = declare()
     async with oke("sse-bench-fill", database_url=args.db) as app:

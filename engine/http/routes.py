@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import quote
 
 from ..errors import OkeError
@@ -70,16 +71,16 @@ class Route:
     firehose: bool = False
     input: Any = None
 
-    def gate(self, *gates: Gate) -> "Route":
+    def gate(self, *gates: Gate) -> Route:
         for g in gates:
             if not isinstance(g, Gate):
                 raise TypeError(f"{self.method} {self.path}: .gate() takes gates made by gate(name, check)")
         return replace(self, gates=self.gates + tuple(gates))
 
-    def public(self) -> "Route":
+    def public(self) -> Route:
         return replace(self, is_public=True)
 
-    def live(self, signal: Signal) -> "Route":
+    def live(self, signal: Signal) -> Route:
         if self.method != "GET":
             raise TypeError("on(http.*.live(signal)): live exposure must be GET")
         if not isinstance(signal, Signal) or signal.kind != "live":
@@ -100,6 +101,22 @@ def param_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def param_match(params: dict[str, str]) -> Callable[[Any], bool] | None:
+    """Forward an event when every path param present on the payload equals the request's value."""
+    if not params:
+        return None
+
+    def match(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return True
+        for name, wanted in params.items():
+            if name in value and param_text(value[name]) != wanted:
+                return False
+        return True
+
+    return match
 
 
 def fill_path(path: str, params: dict[str, Any]) -> str:
@@ -155,7 +172,8 @@ def _bind_route(trigger: Any, bound: Flow | Callable[..., Any] | None) -> Any:
         return NotImplemented
     if bound is None and trigger.live_signal is None:
         def bind(target: Any) -> Flow:
-            return _bind_route(trigger, target)
+            flow: Flow = _bind_route(trigger, target)
+            return flow
         return bind
     if bound is not None and not isinstance(bound, Flow):
         if not callable(bound):

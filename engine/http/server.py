@@ -14,18 +14,18 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from ..bus import live
-from ..bus.hub import HubRegistry
 from ..errors import OkeError, StoreUnavailable
 from ..flows import Binding
 from ..fx import Fx, LiveBody
+from ..live import tape
+from ..live.hub import HubRegistry
+from ..live.stream import REPLAY_BATCH, StreamControl, live_stream
 from ..ops.records import to_json
 from ..store.outage import describe, is_outage
-from .routes import HttpError, Route, check_routes, exposure_match
-from .sse import HEARTBEAT_S, REPLAY_BATCH, StreamControl, live_stream, param_match
+from .routes import HttpError, Route, check_routes, exposure_match, param_match
 
 if TYPE_CHECKING:
-    from ..app import OkeApp
+    from ..runtime import HttpRuntime
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 MAX_TAIL = 10_000
@@ -42,7 +42,7 @@ def envelope(status: int, code: str, message: str, data: dict[str, Any] | None =
     return JSONResponse({"data": None, "error": error}, status_code=status)
 
 
-def resume_gap(signal: str, cursor: str, gap: live.Gap) -> JSONResponse:
+def resume_gap(signal: str, cursor: str, gap: tape.Gap) -> JSONResponse:
     return envelope(410, "LiveResumeGap", f'Cursor "{cursor}" missing on "{signal}".', oke=1210,
                     data={"signal": signal, "afterId": cursor, "reason": gap.reason,
                           "firstId": gap.first_id, "missed": gap.missed})
@@ -57,7 +57,8 @@ class _Compiled:
 
     @property
     def route(self) -> Route:
-        return self.binding.trigger
+        route: Route = self.binding.trigger
+        return route
 
     @property
     def specificity(self) -> tuple[int, ...]:
@@ -68,7 +69,7 @@ class _Compiled:
         if len(segments) != len(self.segments):
             return None
         params: dict[str, str] = {}
-        for want, got in zip(self.segments, segments):
+        for want, got in zip(self.segments, segments, strict=False):
             if isinstance(want, str):
                 if want != got:
                     return None
@@ -109,7 +110,7 @@ def _segments(raw_path: str) -> list[str] | None:
     if raw_path == "/":
         return segments
     firehose_name = len(segments) == 3 and segments[0] == "_oke" and segments[1] == "live"
-    for index, (spelled, seg) in enumerate(zip(raw, segments)):
+    for index, (spelled, seg) in enumerate(zip(raw, segments, strict=False)):
         if seg == "" or "\x00" in seg or spelled in (".", ".."):
             return None
         if seg in (".", "..") and not (firehose_name and index == 2):
@@ -120,9 +121,9 @@ def _segments(raw_path: str) -> list[str] | None:
 class HttpServer:
     """Routes requests to live exposures and flows; ends open streams on shutdown."""
 
-    def __init__(self, app: "OkeApp", bindings: list[Binding]) -> None:
+    def __init__(self, runtime: HttpRuntime, bindings: list[Binding]) -> None:
         check_routes(bindings)
-        self.app = app
+        self.runtime = runtime
         self.firehoses: dict[str, Binding] = {}  # one per signal: a second is OKE1041 at boot
         self.routes: list[_Compiled] = []
         for b in bindings:
@@ -133,7 +134,7 @@ class HttpServer:
                 self.routes.append(_Compiled(b, _compile(route.path)))
         self.routes.sort(key=lambda c: c.specificity)  # stable: among equals, binding order
         self.control = StreamControl()
-        self.heartbeat_s = float(getattr(app, "sse_heartbeat_s", HEARTBEAT_S))
+        self.heartbeat_s = runtime.heartbeat_s
         self._hubs: HubRegistry | None = None
 
     @property
@@ -146,7 +147,7 @@ class HttpServer:
         return list(self.firehoses.values()) + [c.binding for c in self.routes]
 
     def hubs(self) -> HubRegistry:
-        store = self.app._require_store()
+        store = self.runtime.require_store()
         if self._hubs is None or self._hubs.store is not store:
             self._hubs = HubRegistry(store)
         return self._hubs
@@ -158,6 +159,13 @@ class HttpServer:
     def shutdown(self) -> None:
         """End every open stream with `data: [DONE]`; streams opened from now on end at once."""
         self.control.close_all()
+
+    def close(self) -> None:
+        """End every open stream and stop the tapes' readers: the app is closing its store."""
+        self.shutdown()
+        if self._hubs is not None:
+            self._hubs.close()
+            self._hubs = None
 
     def reopen(self) -> None:
         """Serve streams again after a shutdown (a server started anew in the same process)."""
@@ -178,9 +186,7 @@ class HttpServer:
             def handle_exit(self, sig: int, frame: Any) -> None:
                 def end_streams() -> None:
                     http.shutdown()
-                    stop = getattr(http.app, "_stop_requested", None)
-                    if stop is not None:
-                        stop.set()
+                    http.runtime.request_stop()
 
                 try:  # from a signal handler: hand the work to the loop rather than run it mid-step
                     asyncio.get_running_loop().call_soon_threadsafe(end_streams)
@@ -207,7 +213,7 @@ class HttpServer:
             if message["type"] == "lifespan.startup":
                 self.reopen()
                 try:
-                    await self.app.start()
+                    await self.runtime.start()
                 except Exception as err:
                     await send({"type": "lifespan.startup.failed", "message": str(err)})
                     return
@@ -288,7 +294,7 @@ class HttpServer:
         if route.live_signal is not None and binding.flow.do is None:
             return await self._serve_live(request, route.live_signal, param_match(params))
         value = await self._input(request, route, params)
-        fx = Fx(self.app, binding.flow, exposes=route.live_signal.name if route.live_signal else None)
+        fx = Fx(self.runtime, binding.flow, exposes=route.live_signal.name if route.live_signal else None)
         handler = binding.flow.do
         assert handler is not None
         try:
@@ -350,7 +356,7 @@ class HttpServer:
         With an age rule the same transaction prunes first (a write), so a cursor is judged against
         the tape as it stands; one round of the store per connection either way.
         """
-        store = self.app._require_store()
+        store = self.runtime.require_store()
         cursor = request.headers.get("last-event-id")
         if cursor is not None:
             cursor = cursor.strip(" \t")  # a field value excludes surrounding whitespace (RFC 9110 §5.5)
@@ -359,36 +365,36 @@ class HttpServer:
         tail = _tail(request) if not cursor else None
         name = signal.name
 
-        def look(conn: Any) -> tuple[live.TapeState | None, live.Gap | None, int, list[live.TapeEvent]]:
+        def look(conn: Any) -> tuple[tape.TapeState | None, tape.Gap | None, int, list[tape.TapeEvent]]:
             if signal.retention_rule.max_age_ms is not None:
-                live.prune(conn, signal)
-            tape = live.state(conn, name)
-            if tape is None:
+                tape.prune(conn, signal)
+            state = tape.state(conn, name)
+            if state is None:
                 return None, None, 0, []
             if cursor:
-                after, gap = live.check_cursor(tape, cursor)
+                after, gap = tape.check_cursor(state, cursor)
                 if gap is not None:
-                    return tape, gap, 0, []
+                    return state, gap, 0, []
                 assert after is not None
             else:
-                after = 0 if tail is None else max(tape.head - tail, 0)
-            return tape, None, after, live.read_after(conn, name, after, REPLAY_BATCH)
+                after = 0 if tail is None else max(state.head - tail, 0)
+            return state, None, after, tape.read_after(conn, name, after, REPLAY_BATCH)
 
         run = store.write if signal.retention_rule.max_age_ms is not None else store.read
         try:
-            tape, gap, after, page = await run(look)
-            if tape is None:
-                await store.write(lambda c: live.ensure_tape(c, name))
-                tape, gap, after, page = await run(look)
-                assert tape is not None
+            state, gap, after, page = await run(look)
+            if state is None:
+                await store.write(lambda c: tape.ensure_tape(c, name))
+                state, gap, after, page = await run(look)
+                assert state is not None
         except Exception as err:
             if not is_outage(err):
                 raise
             raise StoreUnavailable(f'live "{name}": the store is unreachable ({describe(err)})') from err
         if gap is not None:
             return resume_gap(name, cursor or "", gap)
-        body = live_stream(store, self.hubs(), self.control, name, tape.epoch, after, match,
-                           heartbeat_s=self.heartbeat_s, first_page=page, page_head=tape.head)
+        body = live_stream(store, self.hubs(), self.control, name, state.epoch, after, match,
+                           heartbeat_s=self.heartbeat_s, first_page=page, page_head=state.head)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

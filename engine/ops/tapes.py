@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..bus import live
+from ..live import tape as live
 from ..store import Store
 
 

@@ -5,13 +5,15 @@ locked and updated in the same transaction as every append and prune, so seq
 follows commit order, is never reused, and any hole a cursor would jump is
 detectable. Event ids are `<epoch>.<seq>`.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, update
 
@@ -47,8 +49,9 @@ def items(epoch: str, events: list[TapeEvent]) -> list[LiveItem]:
     out = []
     for ev in events:
         event_id = f"{epoch}.{ev.seq}"
-        out.append(LiveItem(ev.seq, event_id, json.loads(ev.payload),
-                            f"id: {event_id}\ndata: {ev.payload}\n\n".encode()))
+        out.append(
+            LiveItem(ev.seq, event_id, json.loads(ev.payload), f"id: {event_id}\ndata: {ev.payload}\n\n".encode())
+        )
     return out
 
 
@@ -88,8 +91,19 @@ def ensure_tape(conn: Connection, signal: str) -> None:
     _lock_tape(conn, signal)
 
 
-def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: str | None,
-           parent_run_ids: Sequence[str | None] | None = None) -> list[str]:
+def ensure_tapes(conn: Connection, signals: Iterable[str]) -> None:
+    """`ensure_tape` for each of `signals` (a booting app's live signals), in one transaction."""
+    for signal in signals:
+        _lock_tape(conn, signal)
+
+
+def append(
+    conn: Connection,
+    sig: Signal,
+    payloads: list[str],
+    parent_run_id: str | None,
+    parent_run_ids: Sequence[str | None] | None = None,
+) -> list[str]:
     """Append events in one transaction, prune by retention, notify readers; returns their ids.
 
     `parent_run_ids`, when given, is one parent per payload (a group commit joins emits from
@@ -101,8 +115,13 @@ def append(conn: Connection, sig: Signal, payloads: list[str], parent_run_id: st
     row = _lock_tape(conn, sig.name)
     now = now_ms()
     first = row.head + 1
-    conn.execute(e.insert(), [{"signal": sig.name, "seq": first + i, "payload": p, "created_at": now,
-                               "parent_run_id": parents[i]} for i, p in enumerate(payloads)])
+    conn.execute(
+        e.insert(),
+        [
+            {"signal": sig.name, "seq": first + i, "payload": p, "created_at": now, "parent_run_id": parents[i]}
+            for i, p in enumerate(payloads)
+        ],
+    )
     head = row.head + len(payloads)
     conn.execute(update(t).where(t.c.signal == sig.name).values(head=head))
     _prune(conn, sig, head, row.pruned_through, now)
@@ -116,14 +135,16 @@ def _prune(conn: Connection, sig: Signal, head: int, pruned_through: int, now: i
     if rule.max_count is not None:
         cut = max(cut, head - rule.max_count)
     if rule.max_age_ms is not None:
-        oldest_kept = conn.execute(select(func.min(e.c.seq)).where(
-            e.c.signal == sig.name, e.c.created_at >= now - rule.max_age_ms)).scalar()
+        oldest_kept = conn.execute(
+            select(func.min(e.c.seq)).where(e.c.signal == sig.name, e.c.created_at >= now - rule.max_age_ms)
+        ).scalar()
         cut = max(cut, (oldest_kept - 1) if oldest_kept is not None else head)
     if cut <= pruned_through:
         return
     gone = conn.execute(delete(e).where(e.c.signal == sig.name, e.c.seq <= cut)).rowcount
-    conn.execute(update(t).where(t.c.signal == sig.name)
-                 .values(pruned_through=cut, pruned_count=t.c.pruned_count + max(gone, 0)))
+    conn.execute(
+        update(t).where(t.c.signal == sig.name).values(pruned_through=cut, pruned_count=t.c.pruned_count + max(gone, 0))
+    )
 
 
 def prune(conn: Connection, sig: Signal) -> None:
@@ -135,8 +156,9 @@ def prune(conn: Connection, sig: Signal) -> None:
 
 
 def state(conn: Connection, signal: str) -> TapeState | None:
-    row = conn.execute(select(t.c.epoch, t.c.head, t.c.pruned_through, t.c.pruned_count)
-                       .where(t.c.signal == signal)).first()
+    row = conn.execute(
+        select(t.c.epoch, t.c.head, t.c.pruned_through, t.c.pruned_count).where(t.c.signal == signal)
+    ).first()
     if row is None:
         return None
     first = conn.execute(select(func.min(e.c.seq)).where(e.c.signal == signal)).scalar()
@@ -145,13 +167,18 @@ def state(conn: Connection, signal: str) -> TapeState | None:
 
 def read_after(conn: Connection, signal: str, after_seq: int, limit: int = 1000) -> list[TapeEvent]:
     """Retained events with seq > after_seq, oldest first."""
-    rows = conn.execute(select(e.c.seq, e.c.payload, e.c.created_at)
-                        .where(e.c.signal == signal, e.c.seq > after_seq).order_by(e.c.seq).limit(limit))
+    rows = conn.execute(
+        select(e.c.seq, e.c.payload, e.c.created_at)
+        .where(e.c.signal == signal, e.c.seq > after_seq)
+        .order_by(e.c.seq)
+        .limit(limit)
+    )
     return [TapeEvent(r.seq, r.payload, r.created_at) for r in rows]
 
 
-def read_since(conn: Connection, signal: str, after_seq: int, limit: int = 1000
-               ) -> tuple[str | None, int, list[TapeEvent]]:
+def read_since(
+    conn: Connection, signal: str, after_seq: int, limit: int = 1000
+) -> tuple[str | None, int, list[TapeEvent]]:
     """The tape's current epoch and head, and its retained events after `after_seq`, in one transaction."""
     row = conn.execute(select(t.c.epoch, t.c.head).where(t.c.signal == signal)).first()
     if row is None:
@@ -161,8 +188,9 @@ def read_since(conn: Connection, signal: str, after_seq: int, limit: int = 1000
 
 def read_last(conn: Connection, signal: str, count: int) -> list[TapeEvent]:
     """The newest `count` retained events, oldest first."""
-    rows = conn.execute(select(e.c.seq, e.c.payload, e.c.created_at).where(e.c.signal == signal)
-                        .order_by(e.c.seq.desc()).limit(count)).all()
+    rows = conn.execute(
+        select(e.c.seq, e.c.payload, e.c.created_at).where(e.c.signal == signal).order_by(e.c.seq.desc()).limit(count)
+    ).all()
     return [TapeEvent(r.seq, r.payload, r.created_at) for r in reversed(rows)]
 
 
@@ -187,8 +215,7 @@ def wipe(conn: Connection, signal: str) -> str:
     conn.execute(delete(e).where(e.c.signal == signal))
     epoch = new_epoch()
     row = _lock_tape(conn, signal)
-    conn.execute(update(t).where(t.c.signal == signal)
-                 .values(epoch=epoch, pruned_through=row.head, pruned_count=0))
+    conn.execute(update(t).where(t.c.signal == signal).values(epoch=epoch, pruned_through=row.head, pruned_count=0))
     return epoch
 
 

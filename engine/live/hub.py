@@ -14,9 +14,9 @@ from typing import Callable
 
 from ..store import Store
 from ..store.wake import Waker
-from . import live
+from . import tape as live_tape
 
-log = logging.getLogger("engine.bus.hub")
+log = logging.getLogger("engine.live.hub")
 FALLBACK_POLL_S = 1.0
 QUEUE_BATCHES = 256
 # Pacing: with many subscribers every read costs one socket write per subscriber, so reads are spaced
@@ -34,7 +34,7 @@ class Subscription:
     """One stream's view of a hub: batches of events; None when dropped for being slow."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[list[live.LiveItem] | None | str] = asyncio.Queue(QUEUE_BATCHES)
+        self.queue: asyncio.Queue[list[live_tape.LiveItem] | None | str] = asyncio.Queue(QUEUE_BATCHES)
         self.dropped = False
 
     def end(self) -> None:
@@ -45,7 +45,7 @@ class Subscription:
             self.queue.get_nowait()
             self.queue.put_nowait(DONE)
 
-    def offer(self, batch: list[live.LiveItem] | str) -> None:
+    def offer(self, batch: list[live_tape.LiveItem] | str) -> None:
         if self.dropped:
             return
         try:
@@ -111,7 +111,7 @@ class TapeHub:
             waker.clear()  # before reading: an append that lands during the read wakes the next round
             try:
                 if self.last_seq is None:
-                    tape = await self.store.read(lambda c: live.state(c, self.signal))
+                    tape = await self.store.read(lambda c: live_tape.state(c, self.signal))
                     self.last_seq = tape.head if tape else 0
                     self.epoch = tape.epoch if tape else ""
                     self.ready.set()
@@ -119,7 +119,7 @@ class TapeHub:
                     while True:
                         after = self.last_seq
                         epoch, head, events = await self.store.read(
-                            lambda c: live.read_since(c, self.signal, after))
+                            lambda c: live_tape.read_since(c, self.signal, after))
                         if epoch is not None and epoch != self.epoch:
                             # wiped or restored: label new events with the new epoch, and tell every
                             # stream; those still on the old epoch end, so their clients learn of the
@@ -133,7 +133,7 @@ class TapeHub:
                         if not events:
                             break
                         self.last_seq = events[-1].seq
-                        batch = live.items(self.epoch, events)
+                        batch = live_tape.items(self.epoch, events)
                         for sub in list(self.subscribers):
                             sub.offer(batch)
                         offered_at = loop.time()

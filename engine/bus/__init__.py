@@ -1,1 +1,0 @@
-"""Delivery physics per signal kind, over the store."""
