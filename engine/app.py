@@ -1,4 +1,5 @@
 """`oke()`: boot (manifest checks, store, schema), emit outside a flow, drain / run / serve."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,8 @@ from .ids import new_id
 from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
 from .runtime import HttpRuntime, Runtime, not_started
-from .store import registry
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
-from .store import Store, make_store, queue_name, resolve_url
+from .store import Store, make_store, queue_name, registry, resolve_url
 from .store.base import check_key
 from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
@@ -36,11 +36,20 @@ log = logging.getLogger("engine.app")
 class OkeApp:
     """An embedded engine: one store, the flows bound in this process, and their workers."""
 
-    def __init__(self, name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
-                 lease_ms: int = 30_000, worker_id: str | None = None,
-                 max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
-                 stop_grace_s: float = 10.0, sse_heartbeat_s: float = 15.0,
-                 busy_timeout_ms: int | None = None, binding_ttl: str = registry.DEFAULT_BINDING_TTL) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        database_url: str | None = None,
+        bindings: list[Binding] | None = None,
+        lease_ms: int = 30_000,
+        worker_id: str | None = None,
+        max_payload_bytes: int = payloads.DEFAULT_MAX_PAYLOAD_BYTES,
+        stop_grace_s: float = 10.0,
+        sse_heartbeat_s: float = 15.0,
+        busy_timeout_ms: int | None = None,
+        binding_ttl: str = registry.DEFAULT_BINDING_TTL,
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
         if len(name) > MAX_NAME_LENGTH:
@@ -59,8 +68,9 @@ class OkeApp:
         if isinstance(sse_heartbeat_s, bool) or not isinstance(sse_heartbeat_s, (int, float)) or sse_heartbeat_s <= 0:
             raise TypeError(f"oke(sse_heartbeat_s=...): seconds > 0, got {sse_heartbeat_s!r}")
         self.sse_heartbeat_s = float(sse_heartbeat_s)  # SSE heartbeat interval (SPEC §7: at least every 15 s)
-        if busy_timeout_ms is not None and (isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int)
-                                            or busy_timeout_ms < 0):
+        if busy_timeout_ms is not None and (
+            isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0
+        ):
             raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {busy_timeout_ms!r}")
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
         self.busy_timeout_ms = busy_timeout_ms
@@ -73,7 +83,7 @@ class OkeApp:
         self._appender: LiveAppender | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def __aenter__(self) -> "OkeApp":
+    async def __aenter__(self) -> OkeApp:
         await self.start()
         return self
 
@@ -91,11 +101,15 @@ class OkeApp:
         try:
             declared_here = dict(manifest.signals)
             declared_here.update((s.name, s) for s in all_declared())
-            binding_rows = [(name, f.name or "", manifest.signals[name].kind)
-                            for name, flows in manifest.signal_flows.items() for f in flows]
+            binding_rows: list[tuple[str, str, str]] = [
+                (name, f.name or "", manifest.signals[name].kind)
+                for name, flows in manifest.signal_flows.items()
+                for f in flows
+            ]
             binding_rows += live_exposures(manifest)
-            await store.write(lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows,
-                                                           self.binding_ttl_ms))
+            await store.write(
+                lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows, self.binding_ttl_ms)
+            )
             _warn_of_other_once_flows(manifest, await store.read(registry.recent_flows))
             live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
             await store.write(lambda conn: tape.ensure_tapes(conn, live_names))
@@ -162,8 +176,15 @@ class OkeApp:
             return sorted((set(local) | set(recorded.active)) - recorded.retired)
         return local or recorded.bound
 
-    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None,
-                   parent_run_id: str | None = None, emitter: str | None = None) -> str:
+    async def emit(
+        self,
+        signal: Signal | str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        parent_run_id: str | None = None,
+        emitter: str | None = None,
+    ) -> str:
         """Validate and store a message; returns its id once committed (OKE1240, OKE1250)."""
         store = self._require_store()
         target = self._resolve(signal)
@@ -178,8 +199,9 @@ class OkeApp:
         except Exception as err:  # reading the bindings other processes recorded
             if not is_outage(err):
                 raise
-            raise StoreUnavailable(f'emit("{target.name}"): the store is unreachable, so the message was not '
-                                   f"stored ({describe(err)})") from err
+            raise StoreUnavailable(
+                f'emit("{target.name}"): the store is unreachable, so the message was not stored ({describe(err)})'
+            ) from err
         if not flows and not target.optional:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
         if target.kind == "live":
@@ -191,8 +213,10 @@ class OkeApp:
             except Exception as err:
                 if not is_outage(err):
                     raise
-                raise StoreUnavailable(f'emit("{target.name}"): the store did not confirm the write, so the '
-                                       f"message may not be stored ({describe(err)})") from err
+                raise StoreUnavailable(
+                    f'emit("{target.name}"): the store did not confirm the write, so the '
+                    f"message may not be stored ({describe(err)})"
+                ) from err
         return msg_id
 
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
@@ -210,8 +234,10 @@ class OkeApp:
         except Exception as err:
             if not is_outage(err):
                 raise
-            raise StoreUnavailable(f'emit("{signal.name}"): the store did not confirm the append, so the '
-                                   f"event may not be stored ({describe(err)})") from err
+            raise StoreUnavailable(
+                f'emit("{signal.name}"): the store did not confirm the append, so the '
+                f"event may not be stored ({describe(err)})"
+            ) from err
 
     def _wake_live(self, signal_name: str) -> None:
         """After a committed append: the local hub reads it now rather than at its next poll."""
@@ -223,17 +249,29 @@ class OkeApp:
     def asgi(self) -> HttpServer:
         """The ASGI application (HTTP routes + SSE); its lifespan boots the app if needed."""
         if self._http is None:
-            routes = self.manifest.routes if self.manifest is not None else [
-                b for b in (self._bindings if self._bindings is not None else current_bindings())
-                if not isinstance(b.trigger, Signal)]
+            routes = (
+                self.manifest.routes
+                if self.manifest is not None
+                else [
+                    b
+                    for b in (self._bindings if self._bindings is not None else current_bindings())
+                    if not isinstance(b.trigger, Signal)
+                ]
+            )
             self._http = HttpServer(self._http_runtime(), routes)
         return self._http
 
     def _http_runtime(self) -> HttpRuntime:
         """What the HTTP server needs of this app (engine/runtime.py): asked for at each use, since
         the server may exist before `start()` and `start()` opens a new store and stop event."""
-        return HttpRuntime(self.name, lambda: self.store, self.start, lambda: self._stop_requested.set(),
-                           self.emit, self.sse_heartbeat_s)
+        return HttpRuntime(
+            self.name,
+            lambda: self.store,
+            self.start,
+            lambda: self._stop_requested.set(),
+            self.emit,
+            self.sse_heartbeat_s,
+        )
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
         """Run HTTP/SSE and the workers until `stop()`; open streams end with `data: [DONE]`."""
@@ -296,13 +334,17 @@ class OkeApp:
             except Exception as err:  # the store is away: the next beat tries again
                 if not is_outage(err):
                     raise
-                log.warning("could not refresh the bindings' last_seen (%s); retrying in %.0fs",
-                            describe(err), BINDING_HEARTBEAT_S)
+                log.warning(
+                    "could not refresh the bindings' last_seen (%s); retrying in %.0fs",
+                    describe(err),
+                    BINDING_HEARTBEAT_S,
+                )
 
     def _runtime(self) -> Runtime:
         """What the workers and their handlers' `Fx` need of this started app (engine/runtime.py)."""
-        return Runtime(self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s,
-                       self._stop_requested, self.emit)
+        return Runtime(
+            self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s, self._stop_requested, self.emit
+        )
 
 
 def _binding_ttl_ms(ttl: object) -> int:
@@ -310,8 +352,10 @@ def _binding_ttl_ms(ttl: object) -> int:
         raise TypeError(f'oke(binding_ttl=...): a duration string like "7d" or "12h", got {ttl!r}')
     ms = parse_duration_ms(ttl)
     if ms is None:
-        raise ValueError(f'oke(binding_ttl=...): "{ttl}" is not a duration: use a positive integer and a '
-                         f'unit (ms, s, m, h, d), e.g. "7d"')
+        raise ValueError(
+            f'oke(binding_ttl=...): "{ttl}" is not a duration: use a positive integer and a '
+            f'unit (ms, s, m, h, d), e.g. "7d"'
+        )
     return ms
 
 
@@ -325,16 +369,23 @@ def _warn_of_other_once_flows(manifest: Manifest, recent: dict[str, list[str]]) 
         others = [f for f in recent.get(name, []) if f not in mine]
         if others:
             listed = ", ".join(f'"{f}"' for f in mine + others)
-            log.warning("%s (Another process seen in the last 5 minutes binds %s; the flows split the "
-                        "messages between them.)", OkeError.of(1071, signal=name, flows=listed),
-                        ", ".join(f'"{f}"' for f in others))
+            log.warning(
+                "%s (Another process seen in the last 5 minutes binds %s; the flows split the messages between them.)",
+                OkeError.of(1071, signal=name, flows=listed),
+                ", ".join(f'"{f}"' for f in others),
+            )
 
 
 def live_exposures(manifest: Manifest) -> list[tuple[str, str, str]]:
     """(signal, "http GET /path", "live") for every live exposure bound in `manifest`: a live
     signal's subscribers, recorded at boot so an emitter in another process finds them too."""
-    return sorted({(b.trigger.live_signal.name, exposure_label(b.trigger.method, b.trigger.path), "live")
-                   for b in manifest.routes if getattr(b.trigger, "live_signal", None) is not None})
+    return sorted(
+        {
+            (b.trigger.live_signal.name, exposure_label(b.trigger.method, b.trigger.path), "live")
+            for b in manifest.routes
+            if getattr(b.trigger, "live_signal", None) is not None
+        }
+    )
 
 
 def exposure_label(method: str, path: str) -> str:
@@ -345,9 +396,23 @@ def exposure_label(method: str, path: str) -> str:
     return f"http {method} {path[:100]}…{hashlib.sha256(path.encode()).hexdigest()[:32]}"
 
 
-def oke(name: str, *, database_url: str | None = None, bindings: list[Binding] | None = None,
-        lease_ms: int = 30_000, worker_id: str | None = None, binding_ttl: str = registry.DEFAULT_BINDING_TTL,
-        **options: Any) -> OkeApp:
+def oke(
+    name: str,
+    *,
+    database_url: str | None = None,
+    bindings: list[Binding] | None = None,
+    lease_ms: int = 30_000,
+    worker_id: str | None = None,
+    binding_ttl: str = registry.DEFAULT_BINDING_TTL,
+    **options: Any,
+) -> OkeApp:
     """Declare an embedded engine app; boot it with `async with`."""
-    return OkeApp(name, database_url=database_url, bindings=bindings, lease_ms=lease_ms,
-                  worker_id=worker_id, binding_ttl=binding_ttl, **options)
+    return OkeApp(
+        name,
+        database_url=database_url,
+        bindings=bindings,
+        lease_ms=lease_ms,
+        worker_id=worker_id,
+        binding_ttl=binding_ttl,
+        **options,
+    )

@@ -8,13 +8,14 @@ id-only heartbeat frame counts), a 410 raises `LiveResumeGap` — or, with
 `auto_resubscribe`, drops the cursor and replays the remaining tape after a
 back-off of 500 ms doubling to 30 s.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import random
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -39,12 +40,15 @@ class LiveEvent:
 class LiveResumeGap(OkeError):
     """The server cannot resume after the cursor (410): it was malformed, reset, unknown or pruned."""
 
-    def __init__(self, signal: str, after_id: str, reason: str | None, first_id: str | None,
-                 missed: int | None) -> None:
-        super().__init__(1210, f'Cursor "{after_id}" missing on "{signal}".',
-                         "Reconnect without a cursor to replay the retained tape.",
-                         data={"signal": signal, "afterId": after_id, "reason": reason,
-                               "firstId": first_id, "missed": missed})
+    def __init__(
+        self, signal: str, after_id: str, reason: str | None, first_id: str | None, missed: int | None
+    ) -> None:
+        super().__init__(
+            1210,
+            f'Cursor "{after_id}" missing on "{signal}".',
+            "Reconnect without a cursor to replay the retained tape.",
+            data={"signal": signal, "afterId": after_id, "reason": reason, "firstId": first_id, "missed": missed},
+        )
         self.signal = signal
         self.after_id = after_id
         self.reason = reason
@@ -114,8 +118,7 @@ class Client:
             self._exposures = response.json()["data"]
         return self._exposures
 
-    async def path_for(self, client: httpx.AsyncClient, signal: str, params: dict[str, Any],
-                       via: str | None) -> str:
+    async def path_for(self, client: httpx.AsyncClient, signal: str, params: dict[str, Any], via: str | None) -> str:
         """The URL path of the exposure to follow (SPEC §8 choice rule)."""
         exposures = [e for e in await self.exposures(client) if e["signal"] == signal]
         chosen = _named(exposures, signal, via) if via is not None else _best_fit(exposures, signal, params)
@@ -127,11 +130,19 @@ class Client:
         except (TypeError, ValueError) as err:
             raise ValueError(f'"{signal}" at {chosen["path"]}: a param value JSON cannot write ({err})') from err
 
-    async def stream(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
-                     last_event_id: str | None = None, via: str | None = None,
-                     auto_resubscribe: bool = False, reconnect: bool = True,
-                     on_open: Callable[[], Any] | None = None, tail: int | None = None,
-                     retry_first: bool = True) -> AsyncIterator[LiveEvent]:
+    async def stream(
+        self,
+        signal: Signal | str,
+        params: dict[str, Any] | None = None,
+        *,
+        last_event_id: str | None = None,
+        via: str | None = None,
+        auto_resubscribe: bool = False,
+        reconnect: bool = True,
+        on_open: Callable[[], Any] | None = None,
+        tail: int | None = None,
+        retry_first: bool = True,
+    ) -> AsyncIterator[LiveEvent]:
         """Events of a live tape, resuming by id across drops, until the caller stops iterating.
 
         `tail=N` starts a cursor-less stream at the last N retained events (0: only new ones);
@@ -160,8 +171,9 @@ class Client:
                         return
                 await resume.back_off()
 
-    async def _connection(self, client: httpx.AsyncClient, url: str, resume: _Resume,
-                          on_open: Callable[[], Any] | None) -> AsyncGenerator[LiveEvent, None]:
+    async def _connection(
+        self, client: httpx.AsyncClient, url: str, resume: _Resume, on_open: Callable[[], Any] | None
+    ) -> AsyncGenerator[LiveEvent, None]:
         """One connection's events, moving the cursor; `_Ended` on `data: [DONE]`, the server's error
         (410 as LiveResumeGap) when it does not answer 200."""
         headers = {**self._headers(), "Accept": "text/event-stream"}
@@ -185,16 +197,30 @@ class Client:
                 if sse.data:  # else a heartbeat (httpx-sse yields id-only frames as empty events)
                     yield LiveEvent(sse.id, json.loads(sse.data))
 
-    def live(self, signal: Signal | str, params: dict[str, Any] | None = None, *,
-             on_event: Callable[[LiveEvent], Any], on_error: Callable[[BaseException], Any] | None = None,
-             on_open: Callable[[], Any] | None = None, auto_resubscribe: bool = False,
-             via: str | None = None, last_event_id: str | None = None) -> Callable[[], None]:
+    def live(
+        self,
+        signal: Signal | str,
+        params: dict[str, Any] | None = None,
+        *,
+        on_event: Callable[[LiveEvent], Any],
+        on_error: Callable[[BaseException], Any] | None = None,
+        on_open: Callable[[], Any] | None = None,
+        auto_resubscribe: bool = False,
+        via: str | None = None,
+        last_event_id: str | None = None,
+    ) -> Callable[[], None]:
         """Follow a tape with callbacks; returns `stop()`. Runs on the current loop, else a thread."""
 
         async def follow() -> None:
             try:
-                async for event in self.stream(signal, params, last_event_id=last_event_id, via=via,
-                                               auto_resubscribe=auto_resubscribe, on_open=on_open):
+                async for event in self.stream(
+                    signal,
+                    params,
+                    last_event_id=last_event_id,
+                    via=via,
+                    auto_resubscribe=auto_resubscribe,
+                    on_open=on_open,
+                ):
                     on_event(event)
             except asyncio.CancelledError:
                 raise
@@ -205,38 +231,40 @@ class Client:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            loop = None
-        if loop is not None:
-            task = loop.create_task(follow())
+            return _follow_in_thread(follow)
+        task = loop.create_task(follow())
 
-            def cancel() -> None:
-                task.cancel()
+        def cancel() -> None:
+            task.cancel()
 
-            return cancel
+        return cancel
 
-        own = asyncio.new_event_loop()
-        holder: dict[str, asyncio.Task[None]] = {}
 
-        def run() -> None:
-            asyncio.set_event_loop(own)
-            holder["task"] = own.create_task(follow())
-            try:
-                own.run_until_complete(holder["task"])
-            except asyncio.CancelledError:
-                pass
-            finally:
-                own.close()
+def _follow_in_thread(follow: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Without a running loop: follow on a loop of its own in a daemon thread; `stop()` cancels it."""
+    own = asyncio.new_event_loop()
+    holder: dict[str, asyncio.Task[None]] = {}
 
-        thread = threading.Thread(target=run, name="oke-client-live", daemon=True)
-        thread.start()
+    def run() -> None:
+        asyncio.set_event_loop(own)
+        holder["task"] = own.create_task(follow())
+        try:
+            own.run_until_complete(holder["task"])
+        except asyncio.CancelledError:
+            pass
+        finally:
+            own.close()
 
-        def stop() -> None:
-            task = holder.get("task")
-            if task is not None and not own.is_closed():
-                own.call_soon_threadsafe(task.cancel)
-            thread.join(timeout=5)
+    thread = threading.Thread(target=run, name="oke-client-live", daemon=True)
+    thread.start()
 
-        return stop
+    def stop() -> None:
+        task = holder.get("task")
+        if task is not None and not own.is_closed():
+            own.call_soon_threadsafe(task.cancel)
+        thread.join(timeout=5)
+
+    return stop
 
 
 def _named(exposures: list[dict[str, Any]], signal: str, via: str) -> dict[str, Any]:
@@ -245,8 +273,10 @@ def _named(exposures: list[dict[str, Any]], signal: str, via: str) -> dict[str, 
         if via in (exposure["path"], exposure.get("flow")):
             return exposure
     names = [e["path"] + (f' (flow "{e["flow"]}")' if e.get("flow") else "") for e in exposures]
-    raise ValueError(f'via="{via}": no exposure of "{signal}" has that flow name or path '
-                     f"(exposed at: {', '.join(names) or 'nowhere'})")
+    raise ValueError(
+        f'via="{via}": no exposure of "{signal}" has that flow name or path '
+        f"(exposed at: {', '.join(names) or 'nowhere'})"
+    )
 
 
 def _best_fit(exposures: list[dict[str, Any]], signal: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -260,8 +290,10 @@ def _best_fit(exposures: list[dict[str, Any]], signal: str, params: dict[str, An
     best = max(len(set(e["params"])) for e in fitting)
     chosen = [e for e in fitting if len(set(e["params"])) == best]
     if len(chosen) > 1:
-        raise ValueError(f'"{signal}" has {len(chosen)} exposures that fit equally well '
-                         f"({', '.join(e['path'] for e in chosen)}): pass via=PATH")
+        raise ValueError(
+            f'"{signal}" has {len(chosen)} exposures that fit equally well '
+            f"({', '.join(e['path'] for e in chosen)}): pass via=PATH"
+        )
     return chosen[0]
 
 
@@ -275,6 +307,11 @@ def _raise_for_error(response: httpx.Response, cursor: str) -> None:
         raise kind(response.status_code, "HTTPError", response.text[:200]) from None
     if response.status_code == 410:
         data = error.get("data") or {}
-        raise LiveResumeGap(data.get("signal", ""), data.get("afterId", cursor), data.get("reason"),
-                            data.get("firstId"), data.get("missed"))
+        raise LiveResumeGap(
+            data.get("signal", ""),
+            data.get("afterId", cursor),
+            data.get("reason"),
+            data.get("firstId"),
+            data.get("missed"),
+        )
     raise kind(response.status_code, error.get("code", "HTTPError"), error.get("message", ""))

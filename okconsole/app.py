@@ -3,10 +3,11 @@
 `ConsoleApp(database_url=None, read_only=False)` reads and writes the store only
 through `engine.ops` (via `okconsole.data.StoreAdapter`).
 """
+
 from __future__ import annotations
 
 import shlex
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -27,20 +28,38 @@ from .screens.trace import TraceScreen
 
 JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · signals"
 STATUSES = ("pending", "inflight", "delivered", "dead")
-SIGNAL_VERBS = {"dlq": "queue", "failures": "queue", "messages": "queue", "msgs": "queue", "m": "queue",
-                "tail": "live"}  # what kind of signal each verb needs
+SIGNAL_VERBS = {
+    "dlq": "queue",
+    "failures": "queue",
+    "messages": "queue",
+    "msgs": "queue",
+    "m": "queue",
+    "tail": "live",
+}  # what kind of signal each verb needs
 
 
 class ConsoleApp(App[None]):
     CSS_PATH = "console.tcss"
     TITLE = "okconsole"
-    BINDINGS = [Binding("question_mark", "help", "Help"), Binding("f1", "help", "Help", show=False),
-                Binding("colon", "jump", "Jump"), Binding("q", "quit", "Quit")]
+    BINDINGS = [
+        Binding("question_mark", "help", "Help"),
+        Binding("f1", "help", "Help", show=False),
+        Binding("colon", "jump", "Jump"),
+        Binding("q", "quit", "Quit"),
+    ]
 
-    def __init__(self, database_url: str | None = None, read_only: bool = False, *, refresh_s: float = 1.0,
-                 tail_url: str | None = None, tail_token: str | None = None,
-                 embedded: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None,
-                 exit_after_s: float | None = None, actor: str | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        read_only: bool = False,
+        *,
+        refresh_s: float = 1.0,
+        tail_url: str | None = None,
+        tail_token: str | None = None,
+        embedded: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None,
+        exit_after_s: float | None = None,
+        actor: str | None = None,
+    ) -> None:
         """`embedded` is a (start, stop) pair run inside the app's loop (the demo's engine);
         `exit_after_s` quits after that many seconds (scripted demo runs); `actor` is who the
         audit log names for every write (default: the OS user)."""
@@ -106,10 +125,15 @@ class ConsoleApp(App[None]):
         return choices + ["audit", "signals", "trace ", "show "]
 
     def action_jump(self) -> None:
-        self.push_screen(PromptScreen(f"Jump to: {JUMPS} (→ completes)", "dlq tasks.email",
-                                      suggester=SuggestFromList(self.jump_choices(), case_sensitive=False)),
-                         # once the prompt is gone: a notice raised while it is up would go with it
-                         lambda text: self.call_after_refresh(self.jump, text))
+        self.push_screen(
+            PromptScreen(
+                f"Jump to: {JUMPS} (→ completes)",
+                "dlq tasks.email",
+                suggester=SuggestFromList(self.jump_choices(), case_sensitive=False),
+            ),
+            # once the prompt is gone: a notice raised while it is up would go with it
+            lambda text: self.call_after_refresh(self.jump, text),
+        )
 
     def jump(self, text: str | None) -> None:
         """Follow a ':' command such as `dlq tasks.email` or `tail order-status`; a signal name is
@@ -157,8 +181,13 @@ class ConsoleApp(App[None]):
         return False
 
     def _go(self, text: str, verb: str, args: list[str]) -> None:
-        one = {"dlq": self.open_dlq, "tail": self.open_tail, "trace": self.open_trace, "show": self.open_detail,
-               "failures": self.open_dlq}
+        one = {
+            "dlq": self.open_dlq,
+            "tail": self.open_tail,
+            "trace": self.open_trace,
+            "show": self.open_detail,
+            "failures": self.open_dlq,
+        }
         if verb in one and len(args) == 1:
             one[verb](args[0])
         elif verb in ("messages", "msgs", "m") and 1 <= len(args) <= 2:
@@ -187,5 +216,6 @@ class ConsoleApp(App[None]):
                 def run(action: str = action) -> None:
                     self.call_later(screen.run_action, action)
 
-                yield SystemCommand(binding.description, f"{screen.TITLE_TEXT or 'this screen'}: "
-                                    f"key {binding.key}", run)
+                yield SystemCommand(
+                    binding.description, f"{screen.TITLE_TEXT or 'this screen'}: key {binding.key}", run
+                )

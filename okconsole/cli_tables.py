@@ -15,6 +15,7 @@ still too wide, the table's least useful columns are left out and a note says wh
 (a very narrow terminal) the line is left long. When stdout is not a terminal nothing is cut: the
 line is as long as it needs to be.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ class Column:
 @dataclass
 class Grid:
     """Rows of Rich-markup cells under named columns; `drop` lists columns to leave out first."""
+
     columns: Sequence[Column]
     title: str | None = None
     drop: Sequence[str] = ()
@@ -100,8 +102,9 @@ def fit(grid: Grid, available: int) -> tuple[list[int], list[str]]:
         if excess <= 0:
             break
         candidates = [grid.columns.index(c) for c in grid.columns if c.name in grid.drop]
-        droppable = [i for i in sorted(candidates, key=lambda i: list(grid.drop).index(grid.columns[i].name))
-                     if i in shown]
+        droppable = [
+            i for i in sorted(candidates, key=lambda i: list(grid.drop).index(grid.columns[i].name)) if i in shown
+        ]
         if not droppable:
             break  # nothing more to leave out: the line stays long
         shown.remove(droppable[0])
@@ -124,12 +127,20 @@ def render(out: Console, grid: Grid) -> None:
     shown = [i for i, w in enumerate(widths) if w >= 0]
     for i in shown:
         col = grid.columns[i]
-        table.add_column(col.name, justify="right" if col.numeric else "left", width=widths[i],
-                         no_wrap=col.kind != WRAP, overflow="ellipsis")  # a KEEP column is never narrower
+        table.add_column(
+            col.name,
+            justify="right" if col.numeric else "left",
+            width=widths[i],
+            no_wrap=col.kind != WRAP,
+            overflow="ellipsis",
+        )  # a KEEP column is never narrower
     for cells, style in grid.rows:
         table.add_row(*(cells[i] for i in shown), style=style or None)
     # past every drop a KEEP column is still whole: the line is left long rather than cut
     out.print(table, crop=False, width=max(out.width, line_width(widths)))
     if hidden:
-        out.print(f"[dim]left out at {out.width} columns: {escape(', '.join(hidden))} (--json has them)[/]",
-                  no_wrap=True, overflow="ellipsis")
+        out.print(
+            f"[dim]left out at {out.width} columns: {escape(', '.join(hidden))} (--json has them)[/]",
+            no_wrap=True,
+            overflow="ellipsis",
+        )

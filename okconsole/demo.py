@@ -6,6 +6,7 @@ Orders are placed every few hundred milliseconds; each order sends an e-mail
 and then the catalog changes (a broadcast to two flows). Everything runs on the
 same store the console reads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,10 @@ class MailboxFull(Exception):
 
 
 def bearer(request: Any) -> dict[str, str]:
-    if request.headers.get("authorization") != f"Bearer {DEMO_TOKEN}" \
-            and request.query_params.get("token") != DEMO_TOKEN:
+    if (
+        request.headers.get("authorization") != f"Bearer {DEMO_TOKEN}"
+        and request.query_params.get("token") != DEMO_TOKEN
+    ):
         raise Unauthorized("missing or wrong token (the demo's is Bearer demo-token)")
     return {"user": "demo"}
 
@@ -55,8 +58,9 @@ def declare(rng: random.Random) -> tuple[Any, ...]:
     orders = signal.once("orders.placed", schema=Order, retries=2, description="New orders to fulfil")
     emails = signal.once("tasks.email", schema=Email, retries=2, description="Transactional e-mail")
     catalog = signal.broadcast("catalog.changed", description="Catalog edits, fanned out")
-    status = signal.live("order-status", retention={"max_age": "1h", "max_count": 5000},
-                         description="Order status updates for browsers")
+    status = signal.live(
+        "order-status", retention={"max_age": "1h", "max_count": 5000}, description="Order status updates for browsers"
+    )
 
     @on(orders)
     @flow("workers.orders")
@@ -64,8 +68,15 @@ def declare(rng: random.Random) -> tuple[Any, ...]:
         await asyncio.sleep(rng.uniform(0.005, 0.05))
         await fx.emit(status, {"orderId": order.order_id, "status": "paid"})
         domain = "bounce.test" if order.customer == "dennis" else "example.com"
-        await fx.emit(emails, {"to": f"{order.customer}@{domain}", "subject": f"Order {order.order_id}",
-                               "body": f"Thanks! Total {order.total_cents / 100:.2f}"}, key=order.customer)
+        await fx.emit(
+            emails,
+            {
+                "to": f"{order.customer}@{domain}",
+                "subject": f"Order {order.order_id}",
+                "body": f"Thanks! Total {order.total_cents / 100:.2f}",
+            },
+            key=order.customer,
+        )
         if rng.random() < 0.5:
             await fx.emit(status, {"orderId": order.order_id, "status": "shipped"})
 
@@ -99,8 +110,11 @@ async def produce(app: OkeApp, orders: Any, catalog: Any, rng: random.Random, st
     while not stop.is_set():
         n += 1
         customer = rng.choice(CUSTOMERS)
-        await app.emit(orders, {"order_id": f"ord_{n:05d}", "customer": customer,
-                                "total_cents": rng.randint(500, 25_000)}, key=customer)
+        await app.emit(
+            orders,
+            {"order_id": f"ord_{n:05d}", "customer": customer, "total_cents": rng.randint(500, 25_000)},
+            key=customer,
+        )
         if n % 12 == 0:
             await app.emit(catalog, {"sku": f"sku_{rng.randint(1, 99):02d}", "change": "price"})
         try:
@@ -123,9 +137,12 @@ class DemoRunner:
 
     async def start(self) -> None:
         await self.app.start()
-        self.tasks = [asyncio.create_task(self.app.serve(port=self.port, concurrency=4), name="demo-serve"),
-                      asyncio.create_task(produce(self.app, self.orders, self.catalog, self.rng,
-                                                  self.stop_event), name="demo-producer")]
+        self.tasks = [
+            asyncio.create_task(self.app.serve(port=self.port, concurrency=4), name="demo-serve"),
+            asyncio.create_task(
+                produce(self.app, self.orders, self.catalog, self.rng, self.stop_event), name="demo-producer"
+            ),
+        ]
 
     async def stop(self) -> None:
         self.stop_event.set()
@@ -134,8 +151,9 @@ class DemoRunner:
         await self.app.close()
 
 
-async def run_headless(database_url: str | None, seconds: float | None, port: int = DEMO_PORT,
-                       announce: Callable[[], None] | None = None) -> None:
+async def run_headless(
+    database_url: str | None, seconds: float | None, port: int = DEMO_PORT, announce: Callable[[], None] | None = None
+) -> None:
     """Run the demo without the TUI for `seconds` (None: until cancelled); `announce` runs once it is up."""
     runner = DemoRunner(database_url, port)
     await runner.start()

@@ -1,4 +1,5 @@
 """Small text formatters shared by the console's screens and commands."""
+
 from __future__ import annotations
 
 import time

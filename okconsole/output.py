@@ -4,6 +4,7 @@ Nothing here touches the store: it formats the records `engine.ops` returns.
 Colour follows Rich's detection: NO_COLOR / FORCE_COLOR and whether stdout is a terminal.
 Tables go through `cli_tables` so an id, a key or a time is never split across lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,13 @@ def _one_line(text: str) -> str:
 NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
 
 
-def _grid(*columns: str, crop: tuple[str, ...] = (), wrap: tuple[str, ...] = (), drop: tuple[str, ...] = (),
-          title: str | None = None) -> Grid:
+def _grid(
+    *columns: str,
+    crop: tuple[str, ...] = (),
+    wrap: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
+    title: str | None = None,
+) -> Grid:
     """Columns are KEEP (ids, keys, names, times, numbers) unless named in `crop` or `wrap`."""
     kinds = {**{name: CROP for name in crop}, **{name: WRAP for name in wrap}}
     return Grid([Column(name, kinds.get(name, KEEP), name in NUMERIC) for name in columns], title=title, drop=drop)
@@ -91,11 +97,29 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     if not rows:
         out.print(f"No signals recorded in {escape(db)} yet.")
         return
-    table = _grid("Signal", "Kind", "Pending", "Inflight", "Delivered", "Dead", "Lag", "Description",
-                  crop=("Description",), drop=("Description", "Kind"))
+    table = _grid(
+        "Signal",
+        "Kind",
+        "Pending",
+        "Inflight",
+        "Delivered",
+        "Dead",
+        "Lag",
+        "Description",
+        crop=("Description",),
+        drop=("Description", "Kind"),
+    )
     for r in rows:
-        table.add(escape(r.signal), r.kind, str(r.pending), str(r.inflight), str(r.delivered),
-                  f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0", duration(r.lag_ms), cell(r.description))
+        table.add(
+            escape(r.signal),
+            r.kind,
+            str(r.pending),
+            str(r.inflight),
+            str(r.delivered),
+            f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0",
+            duration(r.lag_ms),
+            cell(r.description),
+        )
     render(out, table)
 
 
@@ -113,12 +137,30 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
     if not rows:
         out.print(f"No messages in {escape(signal)} match.")
         return
-    table = _grid("ID", "Status", "Key", "Attempts", "Locked by", "Lease expires", "Created", "Parent run",
-                  crop=("Locked by",), drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
-                  title=f"{escape(signal)}: {len(rows)} newest")
+    table = _grid(
+        "ID",
+        "Status",
+        "Key",
+        "Attempts",
+        "Locked by",
+        "Lease expires",
+        "Created",
+        "Parent run",
+        crop=("Locked by",),
+        drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
+        title=f"{escape(signal)}: {len(rows)} newest",
+    )
     for r in rows:
-        table.add(escape(r.id), status_markup(r.status), cell(r.key), str(r.attempts), cell(r.locked_by),
-                  when(r.lease_expires_at), when(r.created_at), cell(r.parent_run_id))
+        table.add(
+            escape(r.id),
+            status_markup(r.status),
+            cell(r.key),
+            str(r.attempts),
+            cell(r.locked_by),
+            when(r.lease_expires_at),
+            when(r.created_at),
+            cell(r.parent_run_id),
+        )
     render(out, table)
 
 
@@ -126,13 +168,28 @@ def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
     if not rows:
         out.print(f"No dead letters in {escape(signal)}.")
         return
-    table = _grid("ID", "Key", "Attempts", "Last failure", "Died", "Created", crop=("Last failure",),
-                  drop=("Created", "Attempts", "Died"), title=f"{escape(signal)}: {len(rows)} dead letters")
+    table = _grid(
+        "ID",
+        "Key",
+        "Attempts",
+        "Last failure",
+        "Died",
+        "Created",
+        crop=("Last failure",),
+        drop=("Created", "Attempts", "Died"),
+        title=f"{escape(signal)}: {len(rows)} dead letters",
+    )
     for r in rows:
         last = next((x for x in reversed(r.failures) if x.code != "replayed"), None)
         reason = f"{last.code}: {last.message}" if last else "-"
-        table.add(escape(r.id), cell(r.key), str(r.attempts), escape(_one_line(reason)),
-                  when(last.at if last else None), when(r.created_at))
+        table.add(
+            escape(r.id),
+            cell(r.key),
+            str(r.attempts),
+            escape(_one_line(reason)),
+            when(last.at if last else None),
+            when(r.created_at),
+        )
     render(out, table)
 
 
@@ -140,8 +197,9 @@ def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None
     if not rows:
         out.print(f"No dead or failing messages in {escape(signal)}.")
         return
-    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",),
-                  title=f"{escape(signal)}: failures by cause")
+    table = _grid(
+        "Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{escape(signal)}: failures by cause"
+    )
     for r in rows:
         table.add(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
     render(out, table)
@@ -151,19 +209,39 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
     if not rows:
         out.print("The audit log is empty.")
         return
-    table = _grid("At", "Actor", "Action", "Signal", "Count", "Reason", "Ids", crop=("Reason",), wrap=("Ids",),
-                  drop=("Reason", "Actor"))
+    table = _grid(
+        "At",
+        "Actor",
+        "Action",
+        "Signal",
+        "Count",
+        "Reason",
+        "Ids",
+        crop=("Reason",),
+        wrap=("Ids",),
+        drop=("Reason", "Actor"),
+    )
     for r in rows:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
-        table.add(when(r.at), escape(r.actor), escape(r.action), cell(r.signal), str(r.count),
-                  escape(_one_line(r.reason)) if r.reason is not None else "-", escape(ids))
+        table.add(
+            when(r.at),
+            escape(r.actor),
+            escape(r.action),
+            cell(r.signal),
+            str(r.count),
+            escape(_one_line(r.reason)) if r.reason is not None else "-",
+            escape(ids),
+        )
     render(out, table)
 
 
 def _run_label(node: RunNode, mark: str | None = None) -> str:
     flow = escape(node.flow) if node.flow else "[dim](not recorded)[/]"
-    took = (f" {duration(node.ended_at - node.started_at)}"
-            if node.started_at is not None and node.ended_at is not None else "")
+    took = (
+        f" {duration(node.ended_at - node.started_at)}"
+        if node.started_at is not None and node.ended_at is not None
+        else ""
+    )
     label = f"[bold]{flow}[/] {escape(node.run_id)} {status_markup(node.status)}{took}"
     if node.attempt is not None and node.message_id is not None:
         label += f" [dim]attempt {node.attempt} of {escape(node.message_id)}[/]"
@@ -197,18 +275,33 @@ def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
 
 def render_show(out: Console, d: MessageDetail) -> None:
     head = _grid("Field", "Value", wrap=("Value",), title=f"message {escape(d.id)}")
-    rows = [("signal", escape(d.signal)), ("flow", cell(d.flow)), ("key", cell(d.key)),
-            ("status", status_markup(d.status)), ("attempts", f"{d.attempts} (retries {d.retries})"),
-            ("replays", str(d.replays)), ("created", when(d.created_at)), ("updated", when(d.updated_at)),
-            ("finished", when(d.finished_at)), ("parent run", cell(d.parent_run_id)),
-            ("locked by", cell(d.lease.locked_by)), ("lease expires", when(d.lease.lease_expires_at))]
+    rows = [
+        ("signal", escape(d.signal)),
+        ("flow", cell(d.flow)),
+        ("key", cell(d.key)),
+        ("status", status_markup(d.status)),
+        ("attempts", f"{d.attempts} (retries {d.retries})"),
+        ("replays", str(d.replays)),
+        ("created", when(d.created_at)),
+        ("updated", when(d.updated_at)),
+        ("finished", when(d.finished_at)),
+        ("parent run", cell(d.parent_run_id)),
+        ("locked by", cell(d.lease.locked_by)),
+        ("lease expires", when(d.lease.lease_expires_at)),
+    ]
     if d.status == "inflight":
-        rows.append(("reclaimable", "[yellow]yes: the lease has expired[/]" if d.lease.reclaimable
-                     else "no: the lease holds"))
+        rows.append(
+            ("reclaimable", "[yellow]yes: the lease has expired[/]" if d.lease.reclaimable else "no: the lease holds")
+        )
     if d.blocked_by is not None:
         b = d.blocked_by
-        rows.append(("blocked by", f"{escape(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), "
-                                   f"the head of key {escape(str(d.key))}"))
+        rows.append(
+            (
+                "blocked by",
+                f"{escape(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), "
+                f"the head of key {escape(str(d.key))}",
+            )
+        )
     for name, value in rows:
         head.add(f"[bold]{name}[/]", value)
     render(out, head)
@@ -247,7 +340,8 @@ def render_replay(out: Console, signal: str, result: Replayed | ReplayPreview) -
 
 def render_purge(out: Console, signal: str, state: str, result: Purged | PurgePreview) -> None:
     if isinstance(result, PurgePreview):
-        out.print(f"Would purge {result.would_purge} {state} message(s) of {escape(signal)} "
-                  f"(dry run: nothing changed).")
+        out.print(
+            f"Would purge {result.would_purge} {state} message(s) of {escape(signal)} (dry run: nothing changed)."
+        )
         return
     out.print(f"Purged {result.purged} {state} message(s) of {escape(signal)}.")

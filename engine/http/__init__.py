@@ -1,4 +1,5 @@
 """HTTP routes, gates and the SSE server."""
+
 from __future__ import annotations
 
 from .routes import Forbidden, Gate, HttpError, Route, Unauthorized, gate, http

@@ -3,6 +3,7 @@
 Routes are immutable builders: `.gate()`, `.public()` and `.live()` return new
 routes. `on(route)` binds a live exposure; `on(route, flow)` binds a flow.
 """
+
 from __future__ import annotations
 
 import json
@@ -171,9 +172,11 @@ def _bind_route(trigger: Any, bound: Flow | Callable[..., Any] | None) -> Any:
     if not isinstance(trigger, Route):
         return NotImplemented
     if bound is None and trigger.live_signal is None:
+
         def bind(target: Any) -> Flow:
             flow: Flow = _bind_route(trigger, target)
             return flow
+
         return bind
     if bound is not None and not isinstance(bound, Flow):
         if not callable(bound):

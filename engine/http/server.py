@@ -1,4 +1,5 @@
 """The ASGI application: live exposures over SSE, flow routes, gates, JSON error envelopes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,9 @@ MAX_TAIL = 10_000
 _TAIL = re.compile(r"[0-9]{1,9}")
 
 
-def envelope(status: int, code: str, message: str, data: dict[str, Any] | None = None,
-             oke: int | None = None) -> JSONResponse:
+def envelope(
+    status: int, code: str, message: str, data: dict[str, Any] | None = None, oke: int | None = None
+) -> JSONResponse:
     error: dict[str, Any] = {"code": code, "message": message}
     if oke is not None:
         error["oke"] = oke
@@ -43,9 +45,13 @@ def envelope(status: int, code: str, message: str, data: dict[str, Any] | None =
 
 
 def resume_gap(signal: str, cursor: str, gap: tape.Gap) -> JSONResponse:
-    return envelope(410, "LiveResumeGap", f'Cursor "{cursor}" missing on "{signal}".', oke=1210,
-                    data={"signal": signal, "afterId": cursor, "reason": gap.reason,
-                          "firstId": gap.first_id, "missed": gap.missed})
+    return envelope(
+        410,
+        "LiveResumeGap",
+        f'Cursor "{cursor}" missing on "{signal}".',
+        oke=1210,
+        data={"signal": signal, "afterId": cursor, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
+    )
 
 
 @dataclass(frozen=True)
@@ -88,8 +94,9 @@ def _compile(path: str) -> tuple[re.Pattern[str] | str, ...]:
             out.append(segment)
             continue
         parts = re.split(r"(:[A-Za-z_][A-Za-z0-9_]*)", segment)
-        out.append(re.compile("".join(f"(?P<{p[1:]}>.+)" if p.startswith(":") else re.escape(p)
-                                      for p in parts), re.DOTALL))
+        out.append(
+            re.compile("".join(f"(?P<{p[1:]}>.+)" if p.startswith(":") else re.escape(p) for p in parts), re.DOTALL)
+        )
     return tuple(out)
 
 
@@ -139,8 +146,11 @@ class HttpServer:
 
     @property
     def live_signals(self) -> list[Any]:
-        found = {b.trigger.live_signal.name: b.trigger.live_signal for b in self.firehoses_and_routes()
-                 if b.trigger.live_signal is not None}
+        found = {
+            b.trigger.live_signal.name: b.trigger.live_signal
+            for b in self.firehoses_and_routes()
+            if b.trigger.live_signal is not None
+        }
         return list(found.values())
 
     def firehoses_and_routes(self) -> list[Binding]:
@@ -194,8 +204,9 @@ class HttpServer:
                     end_streams()
                 super().handle_exit(sig, frame)
 
-        config = uvicorn.Config(self, host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5, **options)
+        config = uvicorn.Config(
+            self, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **options
+        )
         return Server(config)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -263,10 +274,18 @@ class HttpServer:
             if route.live_signal is None:
                 continue
             custom = b.flow.do is not None
-            out.append({"signal": route.live_signal.name, "path": route.path, "params": list(route.params),
-                        "gates": [g.name for g in route.gates], "public": route.is_public,
-                        "custom": custom, "flow": b.flow.name if custom else None,
-                        "match": exposure_match(b)})
+            out.append(
+                {
+                    "signal": route.live_signal.name,
+                    "path": route.path,
+                    "params": list(route.params),
+                    "gates": [g.name for g in route.gates],
+                    "public": route.is_public,
+                    "custom": custom,
+                    "flow": b.flow.name if custom else None,
+                    "match": exposure_match(b),
+                }
+            )
         return out
 
     async def _pass_gates(self, route: Route, request: Request) -> dict[str, Any]:
@@ -342,8 +361,10 @@ class HttpServer:
             if callable(schema):
                 return schema(value)
         except ValidationError as err:
-            _raise_bad(f"invalid input: {err.errors()[0].get('msg')} at "
-                       f"{'.'.join(str(p) for p in err.errors()[0].get('loc', ()))}")
+            _raise_bad(
+                f"invalid input: {err.errors()[0].get('msg')} at "
+                f"{'.'.join(str(p) for p in err.errors()[0].get('loc', ()))}"
+            )
         except HttpError:
             raise
         except Exception as err:
@@ -393,8 +414,18 @@ class HttpServer:
             raise StoreUnavailable(f'live "{name}": the store is unreachable ({describe(err)})') from err
         if gap is not None:
             return resume_gap(name, cursor or "", gap)
-        body = live_stream(store, self.hubs(), self.control, name, state.epoch, after, match,
-                           heartbeat_s=self.heartbeat_s, first_page=page, page_head=state.head)
+        body = live_stream(
+            store,
+            self.hubs(),
+            self.control,
+            name,
+            state.epoch,
+            after,
+            match,
+            heartbeat_s=self.heartbeat_s,
+            first_page=page,
+            page_head=state.head,
+        )
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -6,11 +6,13 @@ process keeps one `TapeHub` per tape with subscribers: it reads new events once
 changes on SQLite, and by a slow poll as a fallback) and hands each batch to every subscriber's queue.
 A subscriber too slow to keep up is dropped; its client resumes by id.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
 
 from ..store import Store
 from ..store.wake import Waker
@@ -57,7 +59,7 @@ class Subscription:
 
 
 class TapeHub:
-    def __init__(self, store: Store, signal: str, on_empty: Callable[["TapeHub"], None]) -> None:
+    def __init__(self, store: Store, signal: str, on_empty: Callable[[TapeHub], None]) -> None:
         self.store = store
         self.signal = signal
         self.subscribers: set[Subscription] = set()
@@ -119,7 +121,8 @@ class TapeHub:
                     while True:
                         after = self.last_seq
                         epoch, head, events = await self.store.read(
-                            lambda c: live_tape.read_since(c, self.signal, after))
+                            partial(live_tape.read_since, signal=self.signal, after_seq=after)
+                        )
                         if epoch is not None and epoch != self.epoch:
                             # wiped or restored: label new events with the new epoch, and tell every
                             # stream; those still on the old epoch end, so their clients learn of the

@@ -11,6 +11,7 @@ Errors: `UnknownSignal`, `UnknownMessage`, `UnknownRun`, `UnknownFlow` (LookupEr
 naming what is known), `ValueError` for a bad argument, `OkeError` 1250 for a
 replacement payload the signal's schema (or its recorded JSON Schema) refuses.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,19 +28,80 @@ from ..store import Store, registry
 from ..store.wake import wake_local
 from . import queries, repair, unbinding
 from . import trace as _trace
-from .records import (STATUSES, AuditEntry, BindingInfo, Blocker, DeadLetter, EmittedMessage, Failure,
-                      FailureGroup, Lease, MessageDetail, MessagePage, MessageRow, Purged, PurgePreview,
-                      Replayed, ReplayPreview, RunNode, SignalInfo, SignalStats, Unbound, UnknownFlow,
-                      UnknownMessage, UnknownRun, UnknownSignal, UnvalidatedPayload, to_json)
+from .records import (
+    STATUSES,
+    AuditEntry,
+    BindingInfo,
+    Blocker,
+    DeadLetter,
+    EmittedMessage,
+    Failure,
+    FailureGroup,
+    Lease,
+    MessageDetail,
+    MessagePage,
+    MessageRow,
+    Purged,
+    PurgePreview,
+    Replayed,
+    ReplayPreview,
+    RunNode,
+    SignalInfo,
+    SignalStats,
+    Unbound,
+    UnknownFlow,
+    UnknownMessage,
+    UnknownRun,
+    UnknownSignal,
+    UnvalidatedPayload,
+    to_json,
+)
 from .repair import UNCHANGED, default_actor
 
 __all__ = [
-    "AuditEntry", "BindingInfo", "Blocker", "DeadLetter", "EmittedMessage", "Failure", "FailureGroup", "Lease",
-    "MessageDetail", "MessagePage", "MessageRow", "Purged", "PurgePreview", "Replayed", "ReplayPreview",
-    "RunNode", "STATUSES", "SignalInfo", "SignalStats", "UNCHANGED", "Unbound", "UnknownFlow",
-    "UnknownMessage", "UnknownRun", "UnknownSignal", "UnvalidatedPayload", "audit", "binding", "bindings",
-    "dead_letters", "default_actor", "failures", "known_signals", "message_page", "messages", "purge",
-    "replay", "show", "signal_info", "stats", "to_json", "trace", "unbind",
+    "AuditEntry",
+    "BindingInfo",
+    "Blocker",
+    "DeadLetter",
+    "EmittedMessage",
+    "Failure",
+    "FailureGroup",
+    "Lease",
+    "MessageDetail",
+    "MessagePage",
+    "MessageRow",
+    "Purged",
+    "PurgePreview",
+    "Replayed",
+    "ReplayPreview",
+    "RunNode",
+    "STATUSES",
+    "SignalInfo",
+    "SignalStats",
+    "UNCHANGED",
+    "Unbound",
+    "UnknownFlow",
+    "UnknownMessage",
+    "UnknownRun",
+    "UnknownSignal",
+    "UnvalidatedPayload",
+    "audit",
+    "binding",
+    "bindings",
+    "dead_letters",
+    "default_actor",
+    "failures",
+    "known_signals",
+    "message_page",
+    "messages",
+    "purge",
+    "replay",
+    "show",
+    "signal_info",
+    "stats",
+    "to_json",
+    "trace",
+    "unbind",
 ]
 
 
@@ -59,10 +121,19 @@ async def stats(store: Store) -> list[SignalStats]:
     return await store.read(queries.stats)
 
 
-async def message_page(store: Store, signal: str, status: str | None = None, key: str | None = None,
-                       limit: int = 50, before_seq: int | None = None, *, search: str | None = None,
-                       sort: str | None = None, descending: bool = True,
-                       cursor: str | None = None) -> MessagePage:
+async def message_page(
+    store: Store,
+    signal: str,
+    status: str | None = None,
+    key: str | None = None,
+    limit: int = 50,
+    before_seq: int | None = None,
+    *,
+    search: str | None = None,
+    sort: str | None = None,
+    descending: bool = True,
+    cursor: str | None = None,
+) -> MessagePage:
     """A page of `messages` plus the cursor of the next page (None on the last).
 
     `sort` orders by a MessageRow column (or "seq", emit order; the default) by value, over the
@@ -71,14 +142,23 @@ async def message_page(store: Store, signal: str, status: str | None = None, key
     reads a bounded stretch of the signal: it may hold fewer than `limit` rows with `cut` set and
     a `next_cursor` that searches on. Pass `cursor=page.next_cursor` for the next page.
     """
-    return await store.read(lambda conn: queries.message_page(conn, signal, status, key, limit, before_seq,
-                                                              search=search, sort=sort, descending=descending,
-                                                              cursor=cursor))
+    return await store.read(
+        lambda conn: queries.message_page(
+            conn, signal, status, key, limit, before_seq, search=search, sort=sort, descending=descending, cursor=cursor
+        )
+    )
 
 
-async def messages(store: Store, signal: str, status: str | None = None, key: str | None = None,
-                   limit: int = 50, before_seq: int | None = None, *,
-                   search: str | None = None) -> list[MessageRow]:
+async def messages(
+    store: Store,
+    signal: str,
+    status: str | None = None,
+    key: str | None = None,
+    limit: int = 50,
+    before_seq: int | None = None,
+    *,
+    search: str | None = None,
+) -> list[MessageRow]:
     """Messages of `signal`, newest first (paged by seq: rows strictly below `before_seq`); with
     `search`, up to `limit` matches from the whole signal (every searched page, walked in turn)."""
     if not search:
@@ -86,8 +166,9 @@ async def messages(store: Store, signal: str, status: str | None = None, key: st
     found: list[MessageRow] = []
     cursor = None
     while True:
-        page = await message_page(store, signal, status, key, limit - len(found), before_seq,
-                                  search=search, cursor=cursor)
+        page = await message_page(
+            store, signal, status, key, limit - len(found), before_seq, search=search, cursor=cursor
+        )
         found += page.items
         before_seq, cursor = None, page.next_cursor
         if cursor is None or len(found) >= limit:
@@ -122,8 +203,9 @@ async def trace(store: Store, run_id: str) -> RunNode:
 async def bindings(store: Store) -> list[BindingInfo]:
     """Every recorded binding (retired ones too): signal, kind, flow, last_seen, active."""
     rows = await store.read(registry.listing)
-    return [BindingInfo(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=r.last_seen, active=r.active)
-            for r in rows]
+    return [
+        BindingInfo(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=r.last_seen, active=r.active) for r in rows
+    ]
 
 
 async def binding(store: Store, signal: str, flow: str) -> BindingInfo:
@@ -141,11 +223,23 @@ def _parse_rate(rate: float | None) -> float | None:
     return float(rate)
 
 
-async def replay(store: Store, signal: str, ids: Iterable[str] | None = None, *, all: bool = False,
-                 code: str | None = None, match: str | None = None, key: str | None = None,
-                 older_than_ms: int | None = None, dry_run: bool = False, payload: Any = UNCHANGED,
-                 reason: str | None = None, actor: str | None = None, rate: float | None = None,
-                 warn: Callable[[str], None] | None = None) -> Replayed | ReplayPreview:
+async def replay(
+    store: Store,
+    signal: str,
+    ids: Iterable[str] | None = None,
+    *,
+    all: bool = False,
+    code: str | None = None,
+    match: str | None = None,
+    key: str | None = None,
+    older_than_ms: int | None = None,
+    dry_run: bool = False,
+    payload: Any = UNCHANGED,
+    reason: str | None = None,
+    actor: str | None = None,
+    rate: float | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Replayed | ReplayPreview:
     """Requeue dead letters of `signal`: dead → pending, same id and seq, attempts 0.
 
     Select by `ids`, or every dead letter with `all=True`; `code`, `match` (substring of
@@ -236,8 +330,7 @@ async def _check_payload(store: Store, signal: str, value: Any) -> str | None:
     if schema_text is not None:
         json_schemas.check(signal, schema_text, value)
         return None
-    why = ("its schema is a plain callable, which has no JSON Schema" if recorded
-           else "no app recorded its declaration")
+    why = "its schema is a plain callable, which has no JSON Schema" if recorded else "no app recorded its declaration"
     return f'"{signal}": the replacement payload was stored without being validated ({why})'
 
 
@@ -248,9 +341,17 @@ def _warn(text: str, warn: Callable[[str], None] | None) -> None:
         warnings.warn(text, UnvalidatedPayload, stacklevel=3)
 
 
-async def purge(store: Store, signal: str, status: str, older_than_ms: int | None = None, *,
-                actor: str | None = None, reason: str | None = None, dry_run: bool = False,
-                ids: Iterable[str] | None = None) -> Purged | PurgePreview:
+async def purge(
+    store: Store,
+    signal: str,
+    status: str,
+    older_than_ms: int | None = None,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    dry_run: bool = False,
+    ids: Iterable[str] | None = None,
+) -> Purged | PurgePreview:
     """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
     `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
     one transaction, audited."""
@@ -259,12 +360,14 @@ async def purge(store: Store, signal: str, status: str, older_than_ms: int | Non
     if dry_run:
         return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
     actor = actor or default_actor()
-    return await store.write(lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor,
-                                                       reason=reason, ids=id_list))
+    return await store.write(
+        lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor, reason=reason, ids=id_list)
+    )
 
 
-async def unbind(store: Store, signal: str, flow: str, *, actor: str | None = None,
-                 reason: str | None = None) -> Unbound:
+async def unbind(
+    store: Store, signal: str, flow: str, *, actor: str | None = None, reason: str | None = None
+) -> Unbound:
     """Retire one binding at once: no new copies for it, and its pending broadcast copies end
     `dead` with failure code "Unbound" (replayable), audited as action "unbind".
 
@@ -274,8 +377,7 @@ async def unbind(store: Store, signal: str, flow: str, *, actor: str | None = No
     kind, ids = await store.write(lambda conn: unbinding.retire(conn, signal, flow, actor=actor, reason=reason))
     if kind == "broadcast":
         await asyncio.sleep(registry.BINDINGS_CACHE_S + 0.5)
-        ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor,
-                                                              reason=reason))
+        ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor, reason=reason))
     return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)
 
 
@@ -284,8 +386,18 @@ from ..store import make_store, resolve_url  # noqa: E402
 from ..store.outage import is_outage  # noqa: E402
 from .tapes import TapeEntry, TapeInfo, live_signals, tape_after, tape_info, tape_last  # noqa: E402
 
-__all__ += ["Store", "TapeEntry", "TapeInfo", "is_outage", "live_signals", "open_store", "resolve_url",
-            "tape_after", "tape_info", "tape_last"]
+__all__ += [
+    "Store",
+    "TapeEntry",
+    "TapeInfo",
+    "is_outage",
+    "live_signals",
+    "open_store",
+    "resolve_url",
+    "tape_after",
+    "tape_info",
+    "tape_last",
+]
 
 
 async def open_store(database_url: str | None = None) -> Store:

@@ -1,4 +1,5 @@
 """Open the store a database url names: SQLite (default) or PostgreSQL."""
+
 from __future__ import annotations
 
 import os
@@ -29,20 +30,25 @@ def make_store(database_url: str | None = None, *, busy_timeout_ms: int | None =
     try:
         parsed = make_url(url)
     except ArgumentError as err:
-        raise StoreUnavailable(f"not a database url: {url!r} (expected sqlite+aiosqlite:///path "
-                               f"or postgresql+asyncpg://user@host/db)") from err
+        raise StoreUnavailable(
+            f"not a database url: {url!r} (expected sqlite+aiosqlite:///path or postgresql+asyncpg://user@host/db)"
+        ) from err
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         from .sqlite import SqliteStore
+
         try:
             return SqliteStore(url) if busy_timeout_ms is None else SqliteStore(url, busy_timeout_ms)
         except ValueError as err:
             raise StoreUnavailable(str(err)) from err
     if backend == "postgresql":
         from .postgres import PostgresStore
+
         if parsed.drivername not in ("postgresql", "postgresql+asyncpg"):
-            raise StoreUnavailable(f"okengine speaks to PostgreSQL through asyncpg: use "
-                                   f"postgresql+asyncpg://… (got {parsed.drivername})")
-        return PostgresStore(url.replace("postgresql://", "postgresql+asyncpg://", 1)
-                             if parsed.drivername == "postgresql" else url)
+            raise StoreUnavailable(
+                f"okengine speaks to PostgreSQL through asyncpg: use postgresql+asyncpg://… (got {parsed.drivername})"
+            )
+        return PostgresStore(
+            url.replace("postgresql://", "postgresql+asyncpg://", 1) if parsed.drivername == "postgresql" else url
+        )
     raise StoreUnavailable(f"unsupported database {backend!r} in {url!r}: use SQLite or PostgreSQL")

@@ -4,6 +4,7 @@ Operator reads and writes are plain functions of a synchronous SQLAlchemy
 `Connection` (`read(fn)` / `write(fn)`), so `engine.ops` is written once for
 both backends. The hot path (enqueue, claim, settle) is per dialect.
 """
+
 from __future__ import annotations
 
 import abc
@@ -81,11 +82,11 @@ def check_key(signal: str, key: str | None) -> None:
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError as err:
-        raise ValueError(f'emit("{signal}", key=...): a key must be valid Unicode text '
-                         f"({err.reason})") from None
+        raise ValueError(f'emit("{signal}", key=...): a key must be valid Unicode text ({err.reason})') from None
     if size > MAX_KEY_BYTES:
-        raise ValueError(f'emit("{signal}", key=...): a key has at most {MAX_KEY_BYTES} bytes '
-                         f"in UTF-8, this one has {size}")
+        raise ValueError(
+            f'emit("{signal}", key=...): a key has at most {MAX_KEY_BYTES} bytes in UTF-8, this one has {size}'
+        )
 
 
 def check_keys(rows: Sequence[NewMessage]) -> None:
@@ -111,13 +112,16 @@ def ensure_schema(conn: Connection) -> None:
         return
     found = int(row[0])
     if found > schema.SCHEMA_VERSION:
-        raise SchemaTooNew(f"the store's schema is version {found}; this okengine knows up to "
-                           f"{schema.SCHEMA_VERSION}: upgrade okengine")
+        raise SchemaTooNew(
+            f"the store's schema is version {found}; this okengine knows up to "
+            f"{schema.SCHEMA_VERSION}: upgrade okengine"
+        )
     for version in range(found, schema.SCHEMA_VERSION):
         MIGRATIONS[version](conn)
     if found < schema.SCHEMA_VERSION:
-        conn.execute(schema.meta.update().where(schema.meta.c.key == "schema_version")
-                     .values(value=str(schema.SCHEMA_VERSION)))
+        conn.execute(
+            schema.meta.update().where(schema.meta.c.key == "schema_version").values(value=str(schema.SCHEMA_VERSION))
+        )
 
 
 # from_version -> step that upgrades it by one (new tables come from create_all above).
@@ -168,8 +172,9 @@ class Store(abc.ABC):
     # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
     settles_with_claims: bool = False
 
-    async def settle_and_claim(self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str],
-                               lease_ms: int, limit: int) -> tuple[list[bool], list[Claimed]]:
+    async def settle_and_claim(
+        self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str], lease_ms: int, limit: int
+    ) -> tuple[list[bool], list[Claimed]]:
         """`settle(outcomes)` then `claim(...)`; atomic (one commit) where `settles_with_claims`."""
         held = await self.settle(worker_id, outcomes) if outcomes else []
         return held, await self.claim(queues, worker_id, lease_ms, limit)
@@ -181,10 +186,18 @@ class Store(abc.ABC):
 
         def renew(conn: Connection) -> bool:
             now = lease_clock_ms(conn)
-            held = conn.execute(update(m).where(
-                m.c.seq == claimed.seq, m.c.attempts == claimed.attempts, m.c.locked_by == worker_id,
-                m.c.status == "inflight").values(lease_expires_at=now + lease_ms, updated_at=now))
+            held = conn.execute(
+                update(m)
+                .where(
+                    m.c.seq == claimed.seq,
+                    m.c.attempts == claimed.attempts,
+                    m.c.locked_by == worker_id,
+                    m.c.status == "inflight",
+                )
+                .values(lease_expires_at=now + lease_ms, updated_at=now)
+            )
             return held.rowcount == 1
+
         return await self.write(renew)
 
     @abc.abstractmethod

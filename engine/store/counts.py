@@ -10,6 +10,7 @@ row's lock, so statement triggers append deltas to `oke_count_deltas` (insert-on
 `compact` folds them into `oke_counts` now and then, under an advisory lock. A count is always
 `oke_counts.n` plus its pending deltas, read in one statement, so it is exact at any moment.
 """
+
 from __future__ import annotations
 
 from sqlalchemy import Connection, func, select, union_all
@@ -105,9 +106,11 @@ def install(conn: Connection) -> None:
             conn.exec_driver_sql(ddl)
     m = schema.messages
     conn.execute(schema.counts.delete())
-    conn.execute(schema.counts.insert().from_select(
-        ["signal", "status", "n"],
-        select(m.c.signal, m.c.status, func.count()).group_by(m.c.signal, m.c.status)))
+    conn.execute(
+        schema.counts.insert().from_select(
+            ["signal", "status", "n"], select(m.c.signal, m.c.status, func.count()).group_by(m.c.signal, m.c.status)
+        )
+    )
 
 
 def status_counts(conn: Connection) -> dict[tuple[str, str], int]:
@@ -115,7 +118,7 @@ def status_counts(conn: Connection) -> dict[tuple[str, str], int]:
     the counters and the pending deltas, so a concurrent fold is seen whole or not at all)."""
     c, d = schema.counts, schema.count_deltas
     parts = union_all(select(c.c.signal, c.c.status, c.c.n), select(d.c.signal, d.c.status, d.c.n)).subquery()
-    rows = conn.execute(select(parts.c.signal, parts.c.status, func.sum(parts.c.n))
-                        .group_by(parts.c.signal, parts.c.status))
+    rows = conn.execute(
+        select(parts.c.signal, parts.c.status, func.sum(parts.c.n)).group_by(parts.c.signal, parts.c.status)
+    )
     return {(signal, status): int(n) for signal, status, n in rows if n}
-

@@ -1,4 +1,5 @@
 """Upgrade steps for stores made by an older schema version (new tables come from create_all)."""
+
 from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text

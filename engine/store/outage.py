@@ -3,6 +3,7 @@
 Workers back off and retry on an outage; emit turns one into a clear StoreUnavailable;
 the console shows the store as unreachable and keeps trying.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,17 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from ..errors import StoreUnavailable
 
 _OUTAGES: tuple[type[BaseException], ...] = (
-    StoreUnavailable, OSError, ConnectionError, asyncio.TimeoutError, sqlite3.OperationalError,
-    OperationalError, InterfaceError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-    asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.AdminShutdownError,
+    StoreUnavailable,
+    OSError,
+    ConnectionError,
+    asyncio.TimeoutError,
+    sqlite3.OperationalError,
+    OperationalError,
+    InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     # A pooled connection whose server sent FATAL (shutdown) while it sat idle fails its next BEGIN
     # with "cannot switch to state 15; another operation (2) is in progress": nothing was sent.
@@ -56,7 +65,7 @@ READ_ONLY = "the filesystem is read-only (remount it read-write: the store resum
 
 
 def disk_condition(err: BaseException) -> str | None:
-    """"the disk is full" (SQLITE_FULL, ENOSPC) or "the filesystem is read-only" (SQLITE_READONLY,
+    """ "the disk is full" (SQLITE_FULL, ENOSPC) or "the filesystem is read-only" (SQLITE_READONLY,
     EROFS) when `err` or an error behind it says so; else None."""
     seen: BaseException | None = err
     for _ in range(8):

@@ -6,6 +6,7 @@ two cores the driver's round trips are the budget. Wake-ups ride a dedicated
 LISTEN connection, never a pooled one; after it reconnects every waiter is
 woken to re-read the table, since notifications sent meanwhile are gone.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,10 @@ SA_COMMAND_TIMEOUT_S = 30.0  # the same bound for operator reads and writes, whi
 # tape's row lock across round trips) would keep its locks until the server's TCP keepalive gives
 # up (hours), stalling every other process. Our transactions never sit idle between statements,
 # so one idle this long has lost its client: the server ends it and frees its locks.
-SESSION_SETTINGS = {"application_name": "okengine",
-                    "idle_in_transaction_session_timeout": str(int(COMMAND_TIMEOUT_S * 1000))}
+SESSION_SETTINGS = {
+    "application_name": "okengine",
+    "idle_in_transaction_session_timeout": str(int(COMMAND_TIMEOUT_S * 1000)),
+}
 SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writes
 SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
 COMPACT_EVERY_S = 2.0  # how often a busy process folds message-count deltas (store/counts.py)
@@ -88,16 +91,28 @@ class PostgresStore(Store):
         target = describe_target(self.url)
         try:
             self.pool = await asyncio.wait_for(
-                asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size,
-                                    connection_class=_HotConnection, timeout=CONNECT_TIMEOUT_S,
-                                    command_timeout=COMMAND_TIMEOUT_S,
-                                    server_settings=SESSION_SETTINGS),
-                CONNECT_TIMEOUT_S)
-            self.sa = create_async_engine(self.url, pool_size=SA_POOL_SIZE, max_overflow=SA_MAX_OVERFLOW,
-                                          pool_pre_ping=True,
-                                          connect_args={"timeout": CONNECT_TIMEOUT_S,
-                                                        "command_timeout": SA_COMMAND_TIMEOUT_S,
-                                                        "server_settings": SESSION_SETTINGS})
+                asyncpg.create_pool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    connection_class=_HotConnection,
+                    timeout=CONNECT_TIMEOUT_S,
+                    command_timeout=COMMAND_TIMEOUT_S,
+                    server_settings=SESSION_SETTINGS,
+                ),
+                CONNECT_TIMEOUT_S,
+            )
+            self.sa = create_async_engine(
+                self.url,
+                pool_size=SA_POOL_SIZE,
+                max_overflow=SA_MAX_OVERFLOW,
+                pool_pre_ping=True,
+                connect_args={
+                    "timeout": CONNECT_TIMEOUT_S,
+                    "command_timeout": SA_COMMAND_TIMEOUT_S,
+                    "server_settings": SESSION_SETTINGS,
+                },
+            )
             await self.write(_ensure_schema_locked)
         except (TimeoutError, OSError, asyncpg.PostgresError, ConnectionError) as err:
             await self.close()
@@ -136,10 +151,18 @@ class PostgresStore(Store):
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
         assert self.pool is not None, "store is not open"
         check_keys(rows)
-        cols = ([r.id for r in rows], [r.signal for r in rows], [r.queue for r in rows],
-                [r.flow for r in rows], [r.key for r in rows], [r.payload for r in rows],
-                [r.retries for r in rows], [r.dead_letter for r in rows], [r.created_at for r in rows],
-                [r.parent_run_id for r in rows])
+        cols = (
+            [r.id for r in rows],
+            [r.signal for r in rows],
+            [r.queue for r in rows],
+            [r.flow for r in rows],
+            [r.key for r in rows],
+            [r.payload for r in rows],
+            [r.retries for r in rows],
+            [r.dead_letter for r in rows],
+            [r.created_at for r in rows],
+            [r.parent_run_id for r in rows],
+        )
         keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
         async with _acquire(self.pool) as conn:
             if keys:
@@ -178,8 +201,7 @@ class PostgresStore(Store):
         if self._compacting is not None or now - self._compacted_at < COMPACT_EVERY_S:
             return
         self._compacted_at = now
-        self._compacting = asyncio.get_running_loop().create_task(self._compact_counts(),
-                                                                  name="oke-count-compactor")
+        self._compacting = asyncio.get_running_loop().create_task(self._compact_counts(), name="oke-count-compactor")
 
     async def _compact_counts(self) -> None:
         try:
@@ -249,30 +271,47 @@ async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> 
 async def _ack_with_runs(conn: Any, worker_id: str, oks: list[Outcome], now: int) -> list[tuple[int, int]]:
     """Ack the successes and record their runs in one statement: the (seq, attempts) it acked."""
     rows = await conn.fetch(
-        POSTGRES_ACK_WITH_RUNS, [o.claimed.seq for o in oks], [o.claimed.attempts for o in oks],
-        [o.run_id for o in oks], [o.flow for o in oks], [o.claimed.signal for o in oks],
-        [o.claimed.id for o in oks], [o.claimed.parent_run_id for o in oks],
-        [o.started_at for o in oks], [o.ended_at for o in oks], now, worker_id)
+        POSTGRES_ACK_WITH_RUNS,
+        [o.claimed.seq for o in oks],
+        [o.claimed.attempts for o in oks],
+        [o.run_id for o in oks],
+        [o.flow for o in oks],
+        [o.claimed.signal for o in oks],
+        [o.claimed.id for o in oks],
+        [o.claimed.parent_run_id for o in oks],
+        [o.started_at for o in oks],
+        [o.ended_at for o in oks],
+        now,
+        worker_id,
+    )
     return [(r[0], r[1]) for r in rows]
 
 
-async def _fail_with_runs(conn: Any, worker_id: str, fails: list[Outcome], now: int,
-                          held_attempts: set[tuple[int, int]]) -> None:
+async def _fail_with_runs(
+    conn: Any, worker_id: str, fails: list[Outcome], now: int, held_attempts: set[tuple[int, int]]
+) -> None:
     """Each failure fenced with its failure record (held ones join `held_attempts`), then their runs."""
     for out in fails:
         c = out.claimed
-        attempt = await conn.fetchval(POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code,
-                                      out.message, out.ended_at, out.run_id)
+        attempt = await conn.fetchval(
+            POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code, out.message, out.ended_at, out.run_id
+        )
         if attempt is not None:
             held_attempts.add((c.seq, c.attempts))
     await conn.execute(
-        POSTGRES_RUNS, [o.run_id for o in fails], [o.flow for o in fails],
-        [o.claimed.signal for o in fails], [o.claimed.id for o in fails],
+        POSTGRES_RUNS,
+        [o.run_id for o in fails],
+        [o.flow for o in fails],
+        [o.claimed.signal for o in fails],
+        [o.claimed.id for o in fails],
         [o.claimed.parent_run_id for o in fails],
-        ["failed" if (o.claimed.seq, o.claimed.attempts) in held_attempts else "lease_lost"
-         for o in fails],
-        [o.claimed.attempts for o in fails], [o.started_at for o in fails],
-        [o.ended_at for o in fails], worker_id, [f"{o.code}: {o.message}" for o in fails])
+        ["failed" if (o.claimed.seq, o.claimed.attempts) in held_attempts else "lease_lost" for o in fails],
+        [o.claimed.attempts for o in fails],
+        [o.started_at for o in fails],
+        [o.ended_at for o in fails],
+        worker_id,
+        [f"{o.code}: {o.message}" for o in fails],
+    )
 
 
 def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
@@ -327,8 +366,7 @@ class _acquire:
         try:
             await self.pool.release(self.conn)
         except Exception as err:
-            log.warning("a PostgreSQL connection broke on release (%s: %s); it was discarded",
-                        type(err).__name__, err)
+            log.warning("a PostgreSQL connection broke on release (%s: %s); it was discarded", type(err).__name__, err)
 
 
 def _ensure_schema_locked(conn: Connection) -> None:

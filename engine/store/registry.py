@@ -7,6 +7,7 @@ A binding is active while it was seen (`last_seen`: boot, then the heartbeat of 
 running app) within its `ttl_ms` (the binding_ttl of the app that bound it), and
 not retired by an operator's `unbind`.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,22 +41,46 @@ def _upsert(conn: Connection, table: Any, rows: list[dict[str, Any]], keys: list
     conn.execute(stmt.on_conflict_do_update(index_elements=keys, set_=updates))
 
 
-def record(conn: Connection, app_name: str, signals: Iterable[Signal],
-           bindings: Iterable[tuple[str, str, str]], ttl_ms: int = DEFAULT_BINDING_TTL_MS) -> None:
+def record(
+    conn: Connection,
+    app_name: str,
+    signals: Iterable[Signal],
+    bindings: Iterable[tuple[str, str, str]],
+    ttl_ms: int = DEFAULT_BINDING_TTL_MS,
+) -> None:
     """Upsert signal declarations and (signal, flow, kind) bindings, seen now.
 
     Booting with a binding makes it active again even if an operator retired it: the code that
     runs says the flow is wanted (`unbind` is for flows no process runs any more)."""
     now = now_ms()
-    signal_rows = [{"name": s.name, "kind": s.kind, "retries": s.retries, "dead_letter": s.dead_letter,
-                    "optional": s.optional, "retention": json.dumps(s.retention) if s.retention else None,
-                    "description": s.description, "app": app_name, "updated_at": now,
-                    "json_schema": json_schemas.describe(s)}
-                   for s in sorted(signals, key=lambda s: s.name)]
+    signal_rows = [
+        {
+            "name": s.name,
+            "kind": s.kind,
+            "retries": s.retries,
+            "dead_letter": s.dead_letter,
+            "optional": s.optional,
+            "retention": json.dumps(s.retention) if s.retention else None,
+            "description": s.description,
+            "app": app_name,
+            "updated_at": now,
+            "json_schema": json_schemas.describe(s),
+        }
+        for s in sorted(signals, key=lambda s: s.name)
+    ]
     _upsert(conn, schema.signals, signal_rows, ["name"])
-    binding_rows = [{"signal": sig, "flow": flow, "kind": kind, "updated_at": now, "last_seen": now,
-                     "ttl_ms": ttl_ms, "retired_at": None}
-                    for sig, flow, kind in sorted(set(bindings))]
+    binding_rows = [
+        {
+            "signal": sig,
+            "flow": flow,
+            "kind": kind,
+            "updated_at": now,
+            "last_seen": now,
+            "ttl_ms": ttl_ms,
+            "retired_at": None,
+        }
+        for sig, flow, kind in sorted(set(bindings))
+    ]
     _upsert(conn, schema.bindings, binding_rows, ["signal", "flow"])
 
 
@@ -69,18 +94,23 @@ def touch(conn: Connection, bindings: Iterable[tuple[str, str]]) -> None:
 class Recorded(NamedTuple):
     """The flows recorded for one signal, as an emitter needs them."""
 
-    bound: list[str]     # not retired (a once or live emitter's subscribers)
-    active: list[str]    # not retired and seen within their TTL (a broadcast's copies)
-    retired: set[str]    # retired by `unbind` (no copies, even from a process that still binds them)
+    bound: list[str]  # not retired (a once or live emitter's subscribers)
+    active: list[str]  # not retired and seen within their TTL (a broadcast's copies)
+    retired: set[str]  # retired by `unbind` (no copies, even from a process that still binds them)
 
 
 def recorded_flows(conn: Connection, signal: str) -> Recorded:
     now = now_ms()
-    rows = conn.execute(select(b.c.flow, b.c.retired_at, (LAST_SEEN + TTL_MS >= now).label("fresh"))
-                        .where(b.c.signal == signal).order_by(b.c.flow)).all()
-    return Recorded(bound=[r.flow for r in rows if r.retired_at is None],
-                    active=[r.flow for r in rows if r.retired_at is None and r.fresh],
-                    retired={r.flow for r in rows if r.retired_at is not None})
+    rows = conn.execute(
+        select(b.c.flow, b.c.retired_at, (LAST_SEEN + TTL_MS >= now).label("fresh"))
+        .where(b.c.signal == signal)
+        .order_by(b.c.flow)
+    ).all()
+    return Recorded(
+        bound=[r.flow for r in rows if r.retired_at is None],
+        active=[r.flow for r in rows if r.retired_at is None and r.fresh],
+        retired={r.flow for r in rows if r.retired_at is not None},
+    )
 
 
 def bound_flows(conn: Connection, signal: str) -> list[str]:
@@ -91,9 +121,11 @@ def bound_flows(conn: Connection, signal: str) -> list[str]:
 def recent_flows(conn: Connection, seen_within_ms: int = RECENT_MS) -> dict[str, list[str]]:
     """Per signal, the flows (or live exposures) a process ran with in the last `seen_within_ms`."""
     out: dict[str, list[str]] = {}
-    rows = conn.execute(select(b.c.signal, b.c.flow)
-                        .where(b.c.retired_at.is_(None), LAST_SEEN >= now_ms() - seen_within_ms)
-                        .order_by(b.c.signal, b.c.flow))
+    rows = conn.execute(
+        select(b.c.signal, b.c.flow)
+        .where(b.c.retired_at.is_(None), LAST_SEEN >= now_ms() - seen_within_ms)
+        .order_by(b.c.signal, b.c.flow)
+    )
     for sig, flow in rows:
         out.setdefault(sig, []).append(flow)
     return out
@@ -111,17 +143,31 @@ class BindingRecord(NamedTuple):
 def listing(conn: Connection) -> list[BindingRecord]:
     """Every recorded binding, retired ones included, by signal and flow."""
     now = now_ms()
-    rows = conn.execute(select(b.c.signal, b.c.kind, b.c.flow, LAST_SEEN.label("seen"), TTL_MS.label("ttl"),
-                               b.c.retired_at).order_by(b.c.signal, b.c.flow))
-    return [BindingRecord(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=int(r.seen),
-                          active=r.retired_at is None and int(r.seen) + int(r.ttl) >= now,
-                          retired_at=r.retired_at) for r in rows]
+    rows = conn.execute(
+        select(b.c.signal, b.c.kind, b.c.flow, LAST_SEEN.label("seen"), TTL_MS.label("ttl"), b.c.retired_at).order_by(
+            b.c.signal, b.c.flow
+        )
+    )
+    return [
+        BindingRecord(
+            signal=r.signal,
+            kind=r.kind,
+            flow=r.flow,
+            last_seen=int(r.seen),
+            active=r.retired_at is None and int(r.seen) + int(r.ttl) >= now,
+            retired_at=r.retired_at,
+        )
+        for r in rows
+    ]
 
 
 def retire(conn: Connection, signal: str, flow: str, at: int) -> bool:
     """Mark one binding retired (no new copies); False when no such binding is recorded."""
-    result = conn.execute(update(b).where(and_(b.c.signal == signal, b.c.flow == flow))
-                          .values(retired_at=func.coalesce(b.c.retired_at, at)))
+    result = conn.execute(
+        update(b)
+        .where(and_(b.c.signal == signal, b.c.flow == flow))
+        .values(retired_at=func.coalesce(b.c.retired_at, at))
+    )
     return result.rowcount == 1
 
 

@@ -3,10 +3,10 @@
 Times are integers of epoch milliseconds. Payloads are JSON text (not jsonb)
 so any JSON string survives both backends byte for byte, NUL escapes included.
 """
+
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text,
-                        text)
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text, text
 
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
@@ -18,13 +18,15 @@ metadata = MetaData()
 Seq = BigInteger().with_variant(Integer(), "sqlite")
 
 meta = Table(
-    "oke_meta", metadata,
+    "oke_meta",
+    metadata,
     Column("key", String(100), primary_key=True),
     Column("value", Text, nullable=False),
 )
 
 signals = Table(
-    "oke_signals", metadata,
+    "oke_signals",
+    metadata,
     Column("name", String(200), primary_key=True),
     Column("kind", String(20), nullable=False),
     Column("retries", Integer, nullable=False),
@@ -40,7 +42,8 @@ signals = Table(
 )
 
 bindings = Table(
-    "oke_bindings", metadata,
+    "oke_bindings",
+    metadata,
     Column("signal", String(200), primary_key=True),
     Column("flow", String(200), primary_key=True),
     Column("kind", String(20), nullable=False),
@@ -54,7 +57,8 @@ bindings = Table(
 )
 
 messages = Table(
-    "oke_messages", metadata,
+    "oke_messages",
+    metadata,
     Column("seq", Seq, primary_key=True, autoincrement=True),
     Column("id", String(40), nullable=False, unique=True),
     Column("signal", String(200), nullable=False),
@@ -76,12 +80,16 @@ messages = Table(
     Column("replays", Integer, nullable=False, server_default=text("0")),
 )
 # The claim scans only ready rows, in emit order (partial: delivered rows cost nothing).
-Index("oke_messages_ready", messages.c.seq,
-      sqlite_where=text(READY), postgresql_where=text(READY))
+Index("oke_messages_ready", messages.c.seq, sqlite_where=text(READY), postgresql_where=text(READY))
 # Per-key FIFO: the head of a key among ready rows.
-Index("oke_messages_ready_key", messages.c.queue, messages.c.key, messages.c.seq,
-      sqlite_where=text(READY + " AND key IS NOT NULL"),
-      postgresql_where=text(READY + " AND key IS NOT NULL"))
+Index(
+    "oke_messages_ready_key",
+    messages.c.queue,
+    messages.c.key,
+    messages.c.seq,
+    sqlite_where=text(READY + " AND key IS NOT NULL"),
+    postgresql_where=text(READY + " AND key IS NOT NULL"),
+)
 # Lists by status newest first (and dead letters).
 Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
 # Keyed lists and trace children. Partial: a status change rewrites every index entry of its row
@@ -90,8 +98,14 @@ Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messag
 # Stores created before schema 2 keep their full indexes of the same names (same answers).
 _KEYED = "key IS NOT NULL"
 _CHILD = "parent_run_id IS NOT NULL"
-Index("oke_messages_signal_key", messages.c.signal, messages.c.key, messages.c.seq,
-      sqlite_where=text(_KEYED), postgresql_where=text(_KEYED))
+Index(
+    "oke_messages_signal_key",
+    messages.c.signal,
+    messages.c.key,
+    messages.c.seq,
+    sqlite_where=text(_KEYED),
+    postgresql_where=text(_KEYED),
+)
 Index("oke_messages_parent", messages.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
 
 # The console's sorted lists (engine/ops/listing.py): one (signal, column, seq) index per sortable
@@ -104,32 +118,53 @@ SORT_INDEXES = (
     Index("oke_messages_signal_id", messages.c.signal, messages.c.id),
     Index("oke_messages_signal_created", messages.c.signal, messages.c.created_at, messages.c.seq),
     Index("oke_messages_signal_attempts", messages.c.signal, messages.c.attempts, messages.c.seq),
-    Index("oke_messages_signal_owner", messages.c.signal, messages.c.locked_by, messages.c.seq,
-          sqlite_where=text(_OWNED), postgresql_where=text(_OWNED)),
-    Index("oke_messages_signal_lease", messages.c.signal, messages.c.lease_expires_at, messages.c.seq,
-          sqlite_where=text(_LEASED), postgresql_where=text(_LEASED)),
-    Index("oke_messages_signal_parent", messages.c.signal, messages.c.parent_run_id, messages.c.seq,
-          sqlite_where=text(_CHILD), postgresql_where=text(_CHILD)),
+    Index(
+        "oke_messages_signal_owner",
+        messages.c.signal,
+        messages.c.locked_by,
+        messages.c.seq,
+        sqlite_where=text(_OWNED),
+        postgresql_where=text(_OWNED),
+    ),
+    Index(
+        "oke_messages_signal_lease",
+        messages.c.signal,
+        messages.c.lease_expires_at,
+        messages.c.seq,
+        sqlite_where=text(_LEASED),
+        postgresql_where=text(_LEASED),
+    ),
+    Index(
+        "oke_messages_signal_parent",
+        messages.c.signal,
+        messages.c.parent_run_id,
+        messages.c.seq,
+        sqlite_where=text(_CHILD),
+        postgresql_where=text(_CHILD),
+    ),
 )
 
 # Messages per signal and status, kept by triggers (store/counts.py): the overview reads these,
 # not the messages. PostgreSQL's triggers append to count_deltas, folded into counts now and then.
 counts = Table(
-    "oke_counts", metadata,
+    "oke_counts",
+    metadata,
     Column("signal", String(200), primary_key=True),
     Column("status", String(10), primary_key=True),
     Column("n", BigInteger, nullable=False),
 )
 
 count_deltas = Table(
-    "oke_count_deltas", metadata,
+    "oke_count_deltas",
+    metadata,
     Column("signal", String(200), nullable=False),
     Column("status", String(10), nullable=False),
     Column("n", BigInteger, nullable=False),
 )
 
 failures = Table(
-    "oke_failures", metadata,
+    "oke_failures",
+    metadata,
     Column("id", Seq, primary_key=True, autoincrement=True),
     Column("message_id", String(40), nullable=False),
     Column("attempt", Integer, nullable=False),
@@ -143,7 +178,8 @@ failures = Table(
 Index("oke_failures_message", failures.c.message_id, failures.c.id)
 
 runs = Table(
-    "oke_runs", metadata,
+    "oke_runs",
+    metadata,
     Column("run_id", String(40), primary_key=True),
     Column("flow", String(200)),
     Column("trigger", String(200)),
@@ -161,7 +197,8 @@ Index("oke_runs_parent", runs.c.parent_run_id, sqlite_where=text(_CHILD), postgr
 Index("oke_runs_message", runs.c.message_id)
 
 steps = Table(
-    "oke_steps", metadata,
+    "oke_steps",
+    metadata,
     Column("message_id", String(40), primary_key=True),
     Column("name", String(200), primary_key=True),
     Column("result", Text, nullable=False),
@@ -170,7 +207,8 @@ steps = Table(
 )
 
 audit = Table(
-    "oke_audit", metadata,
+    "oke_audit",
+    metadata,
     Column("id", Seq, primary_key=True, autoincrement=True),
     Column("at", BigInteger, nullable=False),
     Column("actor", String(200), nullable=False),
@@ -182,7 +220,8 @@ audit = Table(
 )
 
 tapes = Table(
-    "oke_tapes", metadata,
+    "oke_tapes",
+    metadata,
     Column("signal", String(200), primary_key=True),
     Column("epoch", String(40), nullable=False),
     Column("head", BigInteger, nullable=False),
@@ -192,7 +231,8 @@ tapes = Table(
 )
 
 tape_events = Table(
-    "oke_tape_events", metadata,
+    "oke_tape_events",
+    metadata,
     Column("signal", String(200), primary_key=True),
     Column("seq", BigInteger, primary_key=True),
     Column("payload", Text, nullable=False),

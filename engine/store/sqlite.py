@@ -13,6 +13,7 @@ claim hands its messages to the handlers once its commit is written to the
 WAL, visible to every process and safe from a crash of this one, and the
 handlers start while the fsync runs (see `_DbThread.call_handing_over`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,6 +59,7 @@ BUSY_TIMEOUT_MS = 30_000
 SYNCHRONOUS = "NORMAL"
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # what SQLite itself uses for a WAL sync on Linux
 
+
 def sqlite_path(url: str) -> str:
     """The file behind `sqlite[+driver]:///path` (relative to the working directory)."""
     parsed = make_url(url)
@@ -92,8 +94,11 @@ def _enter_wal(dbapi_conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
 
 
 def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Any:
-    engine = create_engine(f"sqlite:///{path}", poolclass=StaticPool,
-                           connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000})
+    engine = create_engine(
+        f"sqlite:///{path}",
+        poolclass=StaticPool,
+        connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000},
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -122,8 +127,15 @@ class _DbThread:
     that is what makes each commit durable before the call returns.
     """
 
-    def __init__(self, name: str, path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
-                 may_create: bool = False, syncs_wal: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        begin_sql: str,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        may_create: bool = False,
+        syncs_wal: bool = False,
+    ) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.closed = False
         self.path = path
@@ -170,11 +182,12 @@ class _DbThread:
             _fdatasync(self.wal_fd)
         except OSError as err:
             self._close()
-            raise StoreUnavailable(f"SQLite store {self.path}: syncing the WAL to disk failed ({err}); "
-                                   "the last commit may not survive a power cut") from err
+            raise StoreUnavailable(
+                f"SQLite store {self.path}: syncing the WAL to disk failed ({err}); "
+                "the last commit may not survive a power cut"
+            ) from err
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...],
-             written: Callable[[T], None] | None = None) -> T:
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], written: Callable[[T], None] | None = None) -> T:
         """One call on this thread: `fn`, then (`written`, between its commit and the sync) the sync."""
         result = fn(self._connect(), *args)
         if written is not None:
@@ -208,8 +221,9 @@ class _DbThread:
             job.cancel()  # not started yet: never runs (a started call runs on, as with `call`)
             raise
 
-    def _run_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool],
-                          handover: _Handover[T]) -> None:
+    def _run_handing_over(
+        self, fn: Callable[[Connection], T], early: Callable[[T], bool], handover: _Handover[T]
+    ) -> None:
         """The writer-thread side of `call_handing_over`: whatever happens, the caller is told once."""
         handed = False
 
@@ -303,8 +317,9 @@ class SqliteStore(Store):
         self.url = url
         self.path = sqlite_path(url)
         self.busy_timeout_ms = busy_timeout_ms
-        self._writer = _DbThread("oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms,
-                                 may_create=True, syncs_wal=True)
+        self._writer = _DbThread(
+            "oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms, may_create=True, syncs_wal=True
+        )
         self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
 
     async def open(self) -> None:
@@ -327,41 +342,61 @@ class SqliteStore(Store):
         def run(conn: Connection) -> T:
             with conn.begin():
                 return fn(conn)
+
         return await self._reader.call(run)
 
     async def write(self, fn: Callable[[Connection], T]) -> T:
         def run(conn: Connection) -> T:
             with conn.begin():
                 return fn(conn)
+
         return await self._writer.call(run)
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
         check_keys(rows)
-        params = [(r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries, int(r.dead_letter),
-                   r.created_at, r.created_at, r.parent_run_id) for r in rows]
+        params = [
+            (
+                r.id,
+                r.signal,
+                r.queue,
+                r.flow,
+                r.key,
+                r.payload,
+                r.retries,
+                int(r.dead_letter),
+                r.created_at,
+                r.created_at,
+                r.parent_run_id,
+            )
+            for r in rows
+        ]
         # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
         # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
         await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close()))
+            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
+        )
         wake_local(self.url)
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = sqlite_claim_statement(len(queues))
         return await self._writer.call_handing_over(
             lambda conn: _in_write_tx(conn, lambda raw: _claim_in(raw, sql, queues, worker_id, lease_ms, limit)),
-            early=bool)
+            early=bool,
+        )
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         held = await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes)))
+            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes))
+        )
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # a failed attempt is pending again at once
         return held
 
     settles_with_claims = True
 
-    async def settle_and_claim(self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str],
-                               lease_ms: int, limit: int) -> tuple[list[bool], list[Claimed]]:
+    async def settle_and_claim(
+        self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str], lease_ms: int, limit: int
+    ) -> tuple[list[bool], list[Claimed]]:
         """Both in one `BEGIN IMMEDIATE … COMMIT`: one fsync instead of two per claim cycle. The
         claim sees the settle (a failed attempt is claimable again in the same transaction)."""
         sql = sqlite_claim_statement(len(queues))
@@ -372,8 +407,7 @@ class SqliteStore(Store):
 
         # Handed over before the sync only with messages to run: an empty claim (a drain's last)
         # returns once its settle is on disk.
-        result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run),
-                                                      early=lambda r: bool(r[1]))
+        result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run), early=lambda r: bool(r[1]))
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # other workers of this process: a failed attempt is pending again
         return result
@@ -385,8 +419,9 @@ class SqliteStore(Store):
         return Waker(self.url, tape_topic(signal), WalWatch(self.path))
 
 
-def _claim_in(raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_id: str, lease_ms: int,
-              limit: int) -> list[Claimed]:
+def _claim_in(
+    raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int
+) -> list[Claimed]:
     now = now_ms()
     params: dict[str, Any] = {"worker": worker_id, "lease_until": now + lease_ms, "now": now, "limit": limit}
     params.update({f"q{i}": q for i, q in enumerate(queues)})
@@ -408,9 +443,8 @@ def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, 
     acked = 0
     for attempts, seqs in by_attempt.items():
         for start in range(0, len(seqs), ACK_ROWS_PER_STATEMENT):
-            chunk = seqs[start:start + ACK_ROWS_PER_STATEMENT]
-            acked += raw.execute(sqlite_ack_in_statement(len(chunk)),
-                                 (now, now, *chunk, attempts, worker_id)).rowcount
+            chunk = seqs[start : start + ACK_ROWS_PER_STATEMENT]
+            acked += raw.execute(sqlite_ack_in_statement(len(chunk)), (now, now, *chunk, attempts, worker_id)).rowcount
     if acked != len(oks):
         raw.execute("ROLLBACK TO oke_ack")
     raw.execute("RELEASE oke_ack")
@@ -436,8 +470,9 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
     return still
 
 
-def _ack_batch(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int,
-               held: set[tuple[int, int]]) -> None:
+def _ack_batch(
+    raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int, held: set[tuple[int, int]]
+) -> None:
     """Ack many successes at once: by `seq IN (...)` when all are held, else by the fenced join."""
     if _ack_all_held(raw, worker_id, oks, now):
         held.update(oks)
@@ -446,8 +481,7 @@ def _ack_batch(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int
         held.update(raw.execute(SQLITE_ACK_BATCH, fence).fetchall())
 
 
-def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
-                held: set[tuple[int, int]]) -> None:
+def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int, held: set[tuple[int, int]]) -> None:
     """One fenced ack, or one fenced failure and its failure record; held attempts join `held`."""
     c = out.claimed
     fence = {"seq": c.seq, "worker": worker_id, "attempts": c.attempts, "now": now}
@@ -456,8 +490,17 @@ def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
             held.add((c.seq, c.attempts))
     elif raw.execute(SQLITE_FAIL, fence).rowcount == 1:
         held.add((c.seq, c.attempts))
-        raw.execute(SQLITE_FAILURE_ROW, {"message_id": c.id, "attempt": c.attempts, "code": out.code,
-                                         "message": out.message, "at": out.ended_at, "run_id": out.run_id})
+        raw.execute(
+            SQLITE_FAILURE_ROW,
+            {
+                "message_id": c.id,
+                "attempt": c.attempts,
+                "code": out.code,
+                "message": out.message,
+                "at": out.ended_at,
+                "run_id": out.run_id,
+            },
+        )
 
 
 def _record_runs(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome], still: list[bool]) -> None:
@@ -468,6 +511,18 @@ def _record_runs(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Out
         for i in chunk:
             out, c = outcomes[i], outcomes[i].claimed
             status = ("succeeded" if out.ok else "failed") if still[i] else "lease_lost"
-            params += (out.run_id, out.flow, c.signal, c.signal, c.id, c.parent_run_id, status, c.attempts,
-                       worker_id, out.started_at, out.ended_at, None if out.ok else f"{out.code}: {out.message}")
+            params += (
+                out.run_id,
+                out.flow,
+                c.signal,
+                c.signal,
+                c.id,
+                c.parent_run_id,
+                status,
+                c.attempts,
+                worker_id,
+                out.started_at,
+                out.ended_at,
+                None if out.ok else f"{out.code}: {out.message}",
+            )
         raw.execute(sqlite_runs_statement(len(chunk)), params)

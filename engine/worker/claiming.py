@@ -7,8 +7,8 @@ import asyncio
 import time
 
 from ..store import Claimed
-from ..store.wake import Waker
 from ..store.outage import is_outage
+from ..store.wake import Waker
 from .claim_ahead import ClaimAhead, ewma
 from .settling import Settling
 from .state import log

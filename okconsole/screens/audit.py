@@ -1,4 +1,5 @@
 """The operator audit log: who replayed or purged what, when and why; enter opens its message."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,8 +47,7 @@ class AuditScreen(ConsoleScreen):
         rows = []
         self.ids = {}
         for i, e in enumerate(entries):
-            cells = [fmt.clock(e.at), e.actor, e.action, e.signal or "—", str(e.count), ids_cell(e.ids),
-                     e.reason or ""]
+            cells = [fmt.clock(e.at), e.actor, e.action, e.signal or "—", str(e.count), ids_cell(e.ids), e.reason or ""]
             if keep is None or keep(" ".join(cells[:5] + e.ids + cells[6:])):
                 key = f"{e.at}:{i}"
                 self.ids[key] = e.ids

@@ -1,4 +1,5 @@
 """What every console screen shares: the store status line, periodic refresh, back, filter."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -31,8 +32,11 @@ def text_filter(query: str) -> Any:
 class ConsoleScreen(Screen[None]):
     """A screen that loads from the store on mount and every refresh tick."""
 
-    BINDINGS = [Binding("escape", "back", "Back"), Binding("r", "refresh", "Refresh"),
-                Binding("slash", "filter", "Filter")]
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("slash", "filter", "Filter"),
+    ]
     TITLE_TEXT = ""
     ENTER_HINT = ""  # what enter does here (the footer and `?` show it first)
     WRITE_ACTIONS: frozenset[str] = frozenset()  # hidden and refused with --read-only

@@ -1,4 +1,5 @@
 """One message: highlighted payload, every failure newest first, lease, blocking head, trace."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ from .trace_tree import fill_tree
 class DetailScreen(ConsoleScreen):
     ENTER_HINT = "Open the message (trace pane)"
     WRITE_ACTIONS = frozenset({"replay", "edit"})
-    BINDINGS = [Binding("t", "trace", "Trace"), Binding("R", "replay", "Replay"),
-                Binding("e", "edit", "Edit & replay"), Binding("y", "copy_id", "Copy id")]
+    BINDINGS = [
+        Binding("t", "trace", "Trace"),
+        Binding("R", "replay", "Replay"),
+        Binding("e", "edit", "Edit & replay"),
+        Binding("y", "copy_id", "Copy id"),
+    ]
 
     def __init__(self, message_id: str) -> None:
         super().__init__()
@@ -65,10 +70,13 @@ class DetailScreen(ConsoleScreen):
         self.query_one("#title", Static).update(
             f"[b]{d.id}[/b] · {d.signal} · [b]{d.status}[/b] · attempts {d.attempts}/{d.retries + 1}"
             f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}"
-            + (f" · filter {self.filter_text!r}" if self.filter_text else ""))
+            + (f" · filter {self.filter_text!r}" if self.filter_text else "")
+        )
         self.query_one("#payload-text", Static).update(
-            Syntax(json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True,
-                   background_color="default"))
+            Syntax(
+                json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True, background_color="default"
+            )
+        )
         lease = d.lease
         lines = [f"flow {d.flow or '—'} · parent run {d.parent_run_id or '—'}"]
         if d.status == "inflight":
@@ -79,8 +87,9 @@ class DetailScreen(ConsoleScreen):
             lines.append("lease: none")
         if d.blocked_by is not None:
             b = d.blocked_by
-            lines.append(f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — "
-                         f"the head of key {d.key!r}")
+            lines.append(
+                f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — the head of key {d.key!r}"
+            )
         self.query_one("#lease", Static).update("\n".join(lines))
         keep = text_filter(self.filter_text) if self.filter_text else None  # '/': failures and trace
         shown = [f for f in d.failures if keep is None or keep(f"{f.attempt} {f.code} {f.message}")]
@@ -130,8 +139,7 @@ class DetailScreen(ConsoleScreen):
             if reason:
                 self.run_write("replay", ops.replay, d.signal, [d.id], reason=reason)
 
-        self.app.push_screen(ConfirmScreen(f"Replay 1 dead letter of {d.signal} ({d.id})?", "Replay 1"),
-                             confirmed)
+        self.app.push_screen(ConfirmScreen(f"Replay 1 dead letter of {d.signal} ({d.id})?", "Replay 1"), confirmed)
 
     def action_edit(self) -> None:
         d = self._replayable()
@@ -144,12 +152,16 @@ class DetailScreen(ConsoleScreen):
 
             def confirmed(reason: str | None) -> None:
                 if reason:
-                    self.run_write("replay", ops.replay, d.signal, [d.id], payload=result["payload"], reason=reason,
-                                   warn=self.warn)
+                    self.run_write(
+                        "replay", ops.replay, d.signal, [d.id], payload=result["payload"], reason=reason, warn=self.warn
+                    )
 
             # after the editor has gone: pushed from its dismiss callback, the pop would take this one
-            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
-                                 confirmed)
+            self.app.call_later(
+                self.app.push_screen,
+                ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
+                confirmed,
+            )
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)
 

@@ -1,4 +1,5 @@
 """Dead letters of a signal: failure groups, tagging, replay (tagged / all / edited), purge."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,11 +25,16 @@ SHORT_SCREEN = 30  # rows: below this the failure groups start folded (80×24 ke
 class DeadLettersScreen(ConsoleScreen):
     ENTER_HINT = "Open"  # on a failure group: filter the letters by it
     WRITE_ACTIONS = frozenset({"replay", "replay_all", "edit", "purge"})
-    BINDINGS = [Binding("space", "tag", "Tag"), Binding("R", "replay", "Replay tagged"),
-                Binding("A", "replay_all", "Replay all matching"), Binding("e", "edit", "Edit & replay"),
-                Binding("P", "purge", "Purge dead"), Binding("g", "groups", "Fold groups"),
-                Binding("y", "copy_id", "Copy id"),
-                Binding("tab", "focus_next", "Switch pane", show=False)]
+    BINDINGS = [
+        Binding("space", "tag", "Tag"),
+        Binding("R", "replay", "Replay tagged"),
+        Binding("A", "replay_all", "Replay all matching"),
+        Binding("e", "edit", "Edit & replay"),
+        Binding("P", "purge", "Purge dead"),
+        Binding("g", "groups", "Fold groups"),
+        Binding("y", "copy_id", "Copy id"),
+        Binding("tab", "focus_next", "Switch pane", show=False),
+    ]
 
     def __init__(self, signal: str) -> None:
         super().__init__()
@@ -40,18 +46,29 @@ class DeadLettersScreen(ConsoleScreen):
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
-        yield Static("Failures by code and message (enter filters by a group · g folds)", classes="pane-title",
-                     id="groups-title")
+        yield Static(
+            "Failures by code and message (enter filters by a group · g folds)", classes="pane-title", id="groups-title"
+        )
         groups: DataTable[Any] = DataTable(id="groups", cursor_type="row")
         for key in ("count", "code", "message", "last"):
             groups.add_column(key.capitalize(), key=key)
         yield groups
-        yield Static("Dead letters (read-only)" if self.console.read_only else
-                     "Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
-                     classes="pane-title")
+        yield Static(
+            "Dead letters (read-only)"
+            if self.console.read_only
+            else "Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
+            classes="pane-title",
+        )
         table: DataTable[Any] = DataTable(id="letters", cursor_type="row", zebra_stripes=True)
-        for key, label in (("tag", " "), ("id", "Id"), ("key", "Key"), ("attempts", "Att."),
-                           ("code", "Last code"), ("message", "Last message"), ("created", "Created")):
+        for key, label in (
+            ("tag", " "),
+            ("id", "Id"),
+            ("key", "Key"),
+            ("attempts", "Att."),
+            ("code", "Last code"),
+            ("message", "Last message"),
+            ("created", "Created"),
+        ):
             table.add_column(label, key=key)
         yield table
 
@@ -73,9 +90,11 @@ class DeadLettersScreen(ConsoleScreen):
     def title_groups(self) -> None:
         groups = self.query_one("#groups", DataTable)
         self.query_one("#groups-title", Static).update(
-            "Failures by code and message (enter filters by a group · g folds)" if groups.display
+            "Failures by code and message (enter filters by a group · g folds)"
+            if groups.display
             else f"Failures by code and message: {groups.row_count} group{'' if groups.row_count == 1 else 's'}, "
-                 "folded (g shows them)")
+            "folded (g shows them)"
+        )
 
     def focus_main(self) -> None:
         self.query_one("#letters", DataTable).focus()
@@ -89,8 +108,13 @@ class DeadLettersScreen(ConsoleScreen):
         counted = [s.dead for s in await self.console.data.call(ops.stats) if s.signal == self.signal]
         self.total_dead = counted[0] if counted else None
         table = self.query_one("#groups", DataTable)
-        rows = [(f"{g.code}\x00{g.message}", [str(g.count), styled(g.code, DEAD_STYLE), fmt.short(g.message, 80),
-                                                fmt.ago(g.last_at)]) for g in groups]
+        rows = [
+            (
+                f"{g.code}\x00{g.message}",
+                [str(g.count), styled(g.code, DEAD_STYLE), fmt.short(g.message, 80), fmt.ago(g.last_at)],
+            )
+            for g in groups
+        ]
         sync_rows(table, rows, ("count", "code", "message", "last"))
         self.title_groups()
         self.render_letters()
@@ -104,17 +128,31 @@ class DeadLettersScreen(ConsoleScreen):
             message = last.message if last else ""
             if keep is not None and not keep(f"{d.id} {d.key or ''} {code} {message}"):
                 continue
-            rows.append((d.id, ["●" if d.id in self.tagged else " ", d.id, d.key or "—", str(d.attempts),
-                                code, fmt.short(message, 60), fmt.ago(d.created_at)]))
+            rows.append(
+                (
+                    d.id,
+                    [
+                        "●" if d.id in self.tagged else " ",
+                        d.id,
+                        d.key or "—",
+                        str(d.attempts),
+                        code,
+                        fmt.short(message, 60),
+                        fmt.ago(d.created_at),
+                    ],
+                )
+            )
         self.shown = [key for key, _ in rows]
-        sync_rows(self.query_one("#letters", DataTable), rows,
-              ("tag", "id", "key", "attempts", "code", "message", "created"))
+        sync_rows(
+            self.query_one("#letters", DataTable), rows, ("tag", "id", "key", "attempts", "code", "message", "created")
+        )
         total = self.total_dead if self.total_dead is not None else len(self.letters)
         more = f" (showing the newest {len(self.letters)})" if total > len(self.letters) else ""
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         ro = " · [b]read-only[/b]" if self.console.read_only else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {total:,} dead{more} · {len(self.tagged)} tagged{filt}{ro}")
+            f"[b]{self.signal}[/b] · {total:,} dead{more} · {len(self.tagged)} tagged{filt}{ro}"
+        )
 
     def apply_filter(self, text: str) -> None:
         self.filter_text = text
@@ -162,8 +200,9 @@ class DeadLettersScreen(ConsoleScreen):
             if reason:
                 self._watch(self.run_write("replay", ops.replay, self.signal, ids, reason=reason))
 
-        self.app.push_screen(ConfirmScreen(f"Replay {len(ids)} {noun} of {self.signal}?",
-                                           f"Replay {len(ids)}"), confirmed)
+        self.app.push_screen(
+            ConfirmScreen(f"Replay {len(ids)} {noun} of {self.signal}?", f"Replay {len(ids)}"), confirmed
+        )
 
     def action_replay_all(self) -> None:
         if self.refuse_write():
@@ -173,8 +212,10 @@ class DeadLettersScreen(ConsoleScreen):
             question = f"Replay all {len(ids)} dead letters of {self.signal} matching {self.filter_text!r}?"
         else:
             ids = []
-            question = f"Replay ALL {len(self.letters)}{'+' if len(self.letters) >= LIMIT else ''} " \
-                       f"dead letters of {self.signal}?"
+            question = (
+                f"Replay ALL {len(self.letters)}{'+' if len(self.letters) >= LIMIT else ''} "
+                f"dead letters of {self.signal}?"
+            )
         if self.filter_text and not ids:
             self.notify("no dead letter matches the filter")
             return
@@ -204,12 +245,24 @@ class DeadLettersScreen(ConsoleScreen):
 
             def confirmed(reason: str | None) -> None:
                 if reason:
-                    self._watch(self.run_write("replay", ops.replay, self.signal, [letter.id],
-                                               payload=result["payload"], reason=reason, warn=self.warn))
+                    self._watch(
+                        self.run_write(
+                            "replay",
+                            ops.replay,
+                            self.signal,
+                            [letter.id],
+                            payload=result["payload"],
+                            reason=reason,
+                            warn=self.warn,
+                        )
+                    )
 
             # after the editor has gone: pushed from its dismiss callback, the pop would take this one
-            self.app.call_later(self.app.push_screen, ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?",
-                                               "Replay 1"), confirmed)
+            self.app.call_later(
+                self.app.push_screen,
+                ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?", "Replay 1"),
+                confirmed,
+            )
 
         self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)
 
@@ -252,12 +305,16 @@ class DeadLettersScreen(ConsoleScreen):
             if reason:
                 self.run_write("purge", ops.purge, self.signal, "dead", ids=ids, reason=reason)
 
-        self.app.push_screen(ConfirmScreen(f"Delete {count:,} {which}{noun} of {self.signal}? "
-                                           "This cannot be undone.", f"Purge {count:,}"), confirmed)
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Delete {count:,} {which}{noun} of {self.signal}? This cannot be undone.", f"Purge {count:,}"
+            ),
+            confirmed,
+        )
 
     def _watch(self, worker: Any) -> None:
         async def report() -> None:
             result = await worker.wait()
             self._after_replay(result)
-        self.run_worker(report(), group="report", exit_on_error=False)
 
+        self.run_worker(report(), group="report", exit_on_error=False)

@@ -3,6 +3,7 @@
 Sorting (shift+letter of a column, or a click on its header; again reverses) and the `/` search
 (payload, key, last failure) are answered by engine.ops over the whole signal; the screen only
 draws the page it gets, in the store's order."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,23 +21,47 @@ from .base import ConsoleScreen
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
-COLUMNS = [("id", "Id"), ("status", "Status"), ("key", "Key"), ("attempts", "Att."), ("owner", "Owner"),
-           ("lease", "Lease left"), ("created", "Created"), ("note", "Note")]
+COLUMNS = [
+    ("id", "Id"),
+    ("status", "Status"),
+    ("key", "Key"),
+    ("attempts", "Att."),
+    ("owner", "Owner"),
+    ("lease", "Lease left"),
+    ("created", "Created"),
+    ("note", "Note"),
+]
 # column -> (the store's sort, its shift+letter); Note is drawn here, not a stored value
-SORTS = {"id": ("id", "I"), "status": ("status", "S"), "key": ("key", "K"), "attempts": ("attempts", "A"),
-         "owner": ("locked_by", "O"), "lease": ("lease_expires_at", "L"), "created": ("created_at", "C")}
+SORTS = {
+    "id": ("id", "I"),
+    "status": ("status", "S"),
+    "key": ("key", "K"),
+    "attempts": ("attempts", "A"),
+    "owner": ("locked_by", "O"),
+    "lease": ("lease_expires_at", "L"),
+    "created": ("created_at", "C"),
+}
 SEARCH_HINT = "search payload, key, last failure (whole signal) — enter applies, esc clears"
 
 
 class MessagesScreen(ConsoleScreen):
     ENTER_HINT = "Open"
-    BINDINGS = [Binding("1", "status('1')", "All"), Binding("2", "status('2')", "Pending"),
-                Binding("3", "status('3')", "Inflight"), Binding("4", "status('4')", "Delivered"),
-                Binding("5", "status('5')", "Dead"), Binding("n", "next_page", "Next page"),
-                Binding("p", "prev_page", "Prev page"), Binding("s", "sort", "Reverse sort"),
-                Binding("d", "dlq", "Dead letters"), Binding("y", "copy_id", "Copy id"),
-                *[Binding(letter, f"sort_by('{column}')", f"Sort by {column}", show=False)
-                  for column, (_, letter) in SORTS.items()]]
+    BINDINGS = [
+        Binding("1", "status('1')", "All"),
+        Binding("2", "status('2')", "Pending"),
+        Binding("3", "status('3')", "Inflight"),
+        Binding("4", "status('4')", "Delivered"),
+        Binding("5", "status('5')", "Dead"),
+        Binding("n", "next_page", "Next page"),
+        Binding("p", "prev_page", "Prev page"),
+        Binding("s", "sort", "Reverse sort"),
+        Binding("d", "dlq", "Dead letters"),
+        Binding("y", "copy_id", "Copy id"),
+        *[
+            Binding(letter, f"sort_by('{column}')", f"Sort by {column}", show=False)
+            for column, (_, letter) in SORTS.items()
+        ],
+    ]
 
     def __init__(self, signal: str, status: str | None = None) -> None:
         super().__init__()
@@ -75,9 +100,17 @@ class MessagesScreen(ConsoleScreen):
         self.query_one("#messages", DataTable).focus()
 
     async def load(self) -> None:
-        page = await self.console.data.call(ops.message_page, self.signal, self.status, None, PAGE,
-                                            search=self.filter_text or None, sort=self._store_sort(),
-                                            descending=self.descending, cursor=self.cursors[-1])
+        page = await self.console.data.call(
+            ops.message_page,
+            self.signal,
+            self.status,
+            None,
+            PAGE,
+            search=self.filter_text or None,
+            sort=self._store_sort(),
+            descending=self.descending,
+            cursor=self.cursors[-1],
+        )
         self.rows = page.items
         self.next_cursor = page.next_cursor
         self.cut = page.cut
@@ -108,8 +141,16 @@ class MessagesScreen(ConsoleScreen):
                 note = f"blocked behind {head}"
             if row.parent_run_id and not note:
                 note = f"from {row.parent_run_id}"
-            wanted[row.id] = [row.id, status_markup(row.status), row.key or "—",
-                              str(row.attempts), owner, lease, fmt.ago(row.created_at), note]
+            wanted[row.id] = [
+                row.id,
+                status_markup(row.status),
+                row.key or "—",
+                str(row.attempts),
+                owner,
+                lease,
+                fmt.ago(row.created_at),
+                note,
+            ]
         sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
         status = self.status or "all"
         page_no = len(self.cursors)
@@ -121,10 +162,18 @@ class MessagesScreen(ConsoleScreen):
         found = f" · search {self.filter_text!r}" if self.filter_text else ""
         part = " (the store searched part of the signal)" if self.cut else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}")
+            f"[b]{self.signal}[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}"
+        )
         empty = self.query_one("#empty", Static)
-        empty.update("" if wanted else ("No match in this part of the signal: n searches on." if self.cut
-                                        and self.next_cursor else "No messages here."))
+        empty.update(
+            ""
+            if wanted
+            else (
+                "No match in this part of the signal: n searches on."
+                if self.cut and self.next_cursor
+                else "No messages here."
+            )
+        )
         empty.display = not wanted
 
     def _first_page(self) -> None:
@@ -163,8 +212,11 @@ class MessagesScreen(ConsoleScreen):
     def action_sort_by(self, column: str) -> None:
         """Sort by `column` (descending first); the sorted column again reverses it."""
         if column not in SORTS:
-            self.notify(f"{dict(COLUMNS).get(column, column)} is drawn by the console, not stored: "
-                        "it cannot be sorted by the store", severity="warning")
+            self.notify(
+                f"{dict(COLUMNS).get(column, column)} is drawn by the console, not stored: "
+                "it cannot be sorted by the store",
+                severity="warning",
+            )
             return
         self.descending = not self.descending if column == self.sort_column else True
         self.sort_column = column

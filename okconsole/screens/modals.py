@@ -1,4 +1,5 @@
 """Dialogs: confirm a write with its reason, prompt for a ':' jump or a path, edit a payload, help."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,7 @@ class PromptScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, label: str, placeholder: str = "", value: str = "",
-                 suggester: Suggester | None = None) -> None:
+    def __init__(self, label: str, placeholder: str = "", value: str = "", suggester: Suggester | None = None) -> None:
         super().__init__()
         self.label = label
         self.placeholder = placeholder
@@ -76,8 +76,7 @@ class PromptScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(self.label)
-            yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input",
-                        suggester=self.suggester)
+            yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input", suggester=self.suggester)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
@@ -99,8 +98,7 @@ class EditPayloadScreen(ModalScreen[Any]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(f"Payload of {self.message_id} (ctrl+s replays with it, esc cancels)")
-            yield TextArea(json.dumps(self.payload, indent=2, ensure_ascii=False), language="json",
-                           id="payload-editor")
+            yield TextArea(json.dumps(self.payload, indent=2, ensure_ascii=False), language="json", id="payload-editor")
             yield Label("", id="edit-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -128,8 +126,12 @@ class EditPayloadScreen(ModalScreen[Any]):
 class HelpScreen(ModalScreen[None]):
     """Every key of the screen underneath, read from its bindings (widgets/keys.py)."""
 
-    BINDINGS = [Binding("escape", "close", "Close"), Binding("question_mark", "close", show=False),
-                Binding("f1", "close", show=False), Binding("q", "close", show=False)]
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("question_mark", "close", show=False),
+        Binding("f1", "close", show=False),
+        Binding("q", "close", show=False),
+    ]
 
     def __init__(self, under: Screen[Any]) -> None:
         super().__init__()

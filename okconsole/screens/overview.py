@@ -1,4 +1,5 @@
 """Signals overview: counts per status, lag, throughput and a sparkline, updated in place."""
+
 from __future__ import annotations
 
 import time
@@ -17,9 +18,17 @@ from ..styles import DEAD_STYLE
 from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
 
-COLUMNS = [("signal", "Signal"), ("kind", "Kind"), ("pending", "Pending"), ("inflight", "Inflight"),
-           ("delivered", "Delivered"), ("dead", "Dead"), ("lag", "Lag"), ("rate", "Done/s"),
-           ("activity", "Activity")]
+COLUMNS = [
+    ("signal", "Signal"),
+    ("kind", "Kind"),
+    ("pending", "Pending"),
+    ("inflight", "Inflight"),
+    ("delivered", "Delivered"),
+    ("dead", "Dead"),
+    ("lag", "Lag"),
+    ("rate", "Done/s"),
+    ("activity", "Activity"),
+]
 HISTORY = 32
 SPARKLINE_MIN_WIDTH = 100  # columns: narrower (80×24) drops the sparkline so the counts fit on screen
 
@@ -27,8 +36,11 @@ SPARKLINE_MIN_WIDTH = 100  # columns: narrower (80×24) drops the sparkline so t
 class OverviewScreen(ConsoleScreen):
     TITLE_TEXT = "signals"
     ENTER_HINT = "Open"  # a once/broadcast signal's messages, a live signal's tail
-    BINDINGS = [Binding("d", "dlq", "Dead letters & failures"), Binding("t", "tail", "Tail"),
-                Binding("a", "audit", "Audit log")]
+    BINDINGS = [
+        Binding("d", "dlq", "Dead letters & failures"),
+        Binding("t", "tail", "Tail"),
+        Binding("a", "audit", "Audit log"),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,20 +108,11 @@ class OverviewScreen(ConsoleScreen):
             spark.append(rate)
             if keep is not None and not keep(f"{row.signal} {row.kind}"):
                 continue
-            if row.kind == "live":
-                cells = [row.signal, "live", "—", "—", f"{retained.get(row.signal, 0)} kept", "—", "—",
-                         f"{rate:.1f}", fmt.sparkline(list(spark))]
-            else:
-                dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
-                lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
-                kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
-                cells = [row.signal, kind, str(row.pending), str(row.inflight), str(row.delivered), dead,
-                         lag, f"{rate:.1f}", fmt.sparkline(list(spark))]
-            wanted[row.signal] = cells[:len(shown)]
+            cells = row_cells(row, rate, list(spark), retained.get(row.signal, 0))
+            wanted[row.signal] = cells[: len(shown)]
         sync_rows(table, list(wanted.items()), shown)
         if not stats:
-            note = ("No signals in this store yet. Boot an app on it (or run `okconsole demo`) "
-                    "and they appear here.")
+            note = "No signals in this store yet. Boot an app on it (or run `okconsole demo`) and they appear here."
         elif not wanted:
             note = f"No signal matches the filter {self.filter_text!r} (esc clears it)."
         else:
@@ -126,8 +129,10 @@ class OverviewScreen(ConsoleScreen):
         if row is not None:
             text = f"[b]{escape(row.signal)}[/] — {escape(row.description or row.signal)}"
             if split_once(row):
-                text += (f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
-                         f"{escape(', '.join(row.flows))}[/] (OKE1071)")
+                text += (
+                    f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
+                    f"{escape(', '.join(row.flows))}[/] (OKE1071)"
+                )
         about = self.query_one("#about", Static)
         about.update(text)
         about.display = bool(text)
@@ -176,3 +181,14 @@ class OverviewScreen(ConsoleScreen):
 def split_once(row: Any) -> bool:
     """A once signal bound to two or more flows by recent processes: they compete for its messages."""
     return row.kind == "once" and len(row.flows) > 1
+
+
+def row_cells(row: Any, rate: float, spark: list[float], retained: int) -> list[str]:
+    """One overview row: a live tape shows what it keeps, a queue its counts by status and its lag."""
+    if row.kind == "live":
+        return [row.signal, "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", fmt.sparkline(spark)]
+    dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
+    lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
+    kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
+    counts = [str(row.pending), str(row.inflight), str(row.delivered), dead]
+    return [row.signal, kind, *counts, lag, f"{rate:.1f}", fmt.sparkline(spark)]

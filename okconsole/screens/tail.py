@@ -1,5 +1,6 @@
 """Tail a live tape: from the store or over SSE; the last 10 events first, then every new one;
 sticky bottom, pause, an 'N new' badge, wrap and timestamp toggles, save to a file, resume, gaps."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,9 +40,14 @@ class TailLine:
 
 
 class TailScreen(ConsoleScreen):
-    BINDINGS = [Binding("end", "follow", "Follow", priority=True), Binding("p", "pause", "Pause/follow"),
-                Binding("w", "wrap", "Wrap"), Binding("t", "stamps", "Timestamps"),
-                Binding("s", "save", "Save"), Binding("c", "clear", "Clear")]
+    BINDINGS = [
+        Binding("end", "follow", "Follow", priority=True),
+        Binding("p", "pause", "Pause/follow"),
+        Binding("w", "wrap", "Wrap"),
+        Binding("t", "stamps", "Timestamps"),
+        Binding("s", "save", "Save"),
+        Binding("c", "clear", "Clear"),
+    ]
 
     def __init__(self, signal: str, url: str | None = None, token: str | None = None) -> None:
         super().__init__()
@@ -86,8 +92,8 @@ class TailScreen(ConsoleScreen):
         state = "following" if self.following else "[b yellow]paused[/]"
         shown = f" · showing {len(self.shown_lines())} matching {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events{shown} · "
-            f"cursor {self.cursor or '—'}")
+            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events{shown} · cursor {self.cursor or '—'}"
+        )
 
     def matches(self, line: TailLine) -> bool:
         """'/' keeps the lines whose id or JSON contains the text (any case; '!' inverts)."""
@@ -176,9 +182,12 @@ class TailScreen(ConsoleScreen):
 
     def action_save(self) -> None:
         default = f"{self.signal}-tail-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-        self.app.push_screen(PromptScreen(f"Save the {len(self.shown_lines())} lines of this tail to (enter saves, "
-                                          "esc cancels):", value=default),
-                             lambda path: self.call_after_refresh(self.save_to, path))
+        self.app.push_screen(
+            PromptScreen(
+                f"Save the {len(self.shown_lines())} lines of this tail to (enter saves, esc cancels):", value=default
+            ),
+            lambda path: self.call_after_refresh(self.save_to, path),
+        )
 
     def save_to(self, path: str | None) -> None:
         """Write the tail so far, as shown (`<id>  <json>`, timestamps if on), and say where."""
@@ -212,9 +221,11 @@ class TailScreen(ConsoleScreen):
                     self.notice("")
                 entries, gap = await data.call(ops.tape_after, self.signal, self.cursor)
                 if gap is not None:
-                    self.notice(f"[b]gap:[/b] cursor {self.cursor} cannot be resumed ({gap.reason}"
-                                f"{f', {gap.missed} missed' if gap.missed else ''}) — restarting from the "
-                                f"oldest retained event {gap.first_id or '(tape empty)'}")
+                    self.notice(
+                        f"[b]gap:[/b] cursor {self.cursor} cannot be resumed ({gap.reason}"
+                        f"{f', {gap.missed} missed' if gap.missed else ''}) — restarting from the "
+                        f"oldest retained event {gap.first_id or '(tape empty)'}"
+                    )
                     self.cursor = None
                     continue
                 if self.store_down:
@@ -234,12 +245,15 @@ class TailScreen(ConsoleScreen):
         tail: int | None = BACKLOG  # a fresh stream starts at the last 10, not the whole tape
         while True:
             try:
-                async for event in client.stream(self.signal, {}, last_event_id=self.cursor, tail=tail,
-                                                 on_open=lambda: self.notice("")):
+                async for event in client.stream(
+                    self.signal, {}, last_event_id=self.cursor, tail=tail, on_open=lambda: self.notice("")
+                ):
                     self.append(event.id, event.data)
             except LiveResumeGap as gap:
-                self.notice(f"[b]gap:[/b] {gap.after_id} cannot be resumed ({gap.reason}) — restarting from "
-                            f"the oldest retained event {gap.first_id or '(tape empty)'}")
+                self.notice(
+                    f"[b]gap:[/b] {gap.after_id} cannot be resumed ({gap.reason}) — restarting from "
+                    f"the oldest retained event {gap.first_id or '(tape empty)'}"
+                )
                 self.cursor, tail = None, None
             except (ClientError, ValueError) as err:
                 if isinstance(err, ValueError) or err.status == 404:  # no such exposure: retrying cannot help

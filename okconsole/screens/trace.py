@@ -1,4 +1,5 @@
 """A run tree both ways: from the root run down to every child, emitted messages as leaves."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,7 +48,8 @@ class TraceScreen(ConsoleScreen):
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#title", Static).update(
             f"run [b]{self.run_id}[/b] · root {root.run_id} ({root.flow or '?'}) · {count} runs{filt} · "
-            "enter opens a message, m the message a run handled")
+            "enter opens a message, m the message a run handled"
+        )
         keep = text_filter(self.filter_text) if self.filter_text else None
         fill_tree(self.query_one("#trace", Tree), [root], keep=keep)
 
@@ -61,7 +63,6 @@ class TraceScreen(ConsoleScreen):
         data = node.data if node is not None else None
         if isinstance(data, dict) and data.get("message"):
             self.console.open_detail(data["message"])
-
 
     def action_copy_id(self) -> None:
         """The message of the selected node, else its run."""

@@ -1,5 +1,6 @@
 """Render run trees (engine.ops RunNode) into a Textual Tree: flow names, status, durations,
 each failed run's error (as the CLI's `trace` prints it), and each run under the message it handled."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,8 +20,10 @@ def run_label(node: Any) -> str:
     took = (node.ended_at - node.started_at) if node.ended_at and node.started_at else None
     attempt = f" · attempt {node.attempt}" if node.attempt else ""
     error = f" [red]{escape(node.error)}[/]" if node.error else ""
-    return (f"[b]{escape(node.flow or '?')}[/b] {node.run_id} {status_markup(node.status)}"
-            f" · {fmt.span(took) if took is not None else '—'}{attempt}{error}")
+    return (
+        f"[b]{escape(node.flow or '?')}[/b] {node.run_id} {status_markup(node.status)}"
+        f" · {fmt.span(took) if took is not None else '—'}{attempt}{error}"
+    )
 
 
 def message_label(msg: Any, highlight: str | None) -> str:
@@ -44,8 +47,11 @@ def _shows(label: str, keep: Keep) -> bool:
 
 
 def _matches(node: Any, keep: Keep) -> bool:
-    return (_shows(run_label(node), keep) or any(_shows(message_label(m, None), keep) for m in node.messages)
-            or any(_matches(c, keep) for c in node.children))
+    return (
+        _shows(run_label(node), keep)
+        or any(_shows(message_label(m, None), keep) for m in node.messages)
+        or any(_matches(c, keep) for c in node.children)
+    )
 
 
 def _add(parent: Any, node: Any, highlight: str | None, keep: Keep | None) -> None:
@@ -60,8 +66,11 @@ def _add(parent: Any, node: Any, highlight: str | None, keep: Keep | None) -> No
         label = message_label(msg, highlight)
         if keep is not None and not runs and not _shows(label, keep):
             continue
-        leaf = branch.add(label, data={"message": msg.id}, expand=True) if runs else \
-            branch.add_leaf(label, data={"message": msg.id})
+        leaf = (
+            branch.add(label, data={"message": msg.id}, expand=True)
+            if runs
+            else branch.add_leaf(label, data={"message": msg.id})
+        )
         for child in runs:
             _add(leaf, child, highlight, keep)
     if node.emitted > len(node.messages) and keep is None:

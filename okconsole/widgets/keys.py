@@ -3,6 +3,7 @@
 Both come from `Screen.active_bindings` (what Textual would actually run, after `check_action`,
 so `--read-only` hides the writes), so neither can drift from the code.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,14 @@ def screen_keys(screen: Screen[Any]) -> list[Key]:
     keys = []
     for (_action, description), bindings in merged.items():
         bindings.sort(key=lambda b: b.key not in FIRST)  # `q` names Quit, not ctrl+q
-        keys.append(Key(bindings[0].key, " ".join(app.get_key_display(b) for b in bindings), description,
-                        any(b.show for b in bindings)))
+        keys.append(
+            Key(
+                bindings[0].key,
+                " ".join(app.get_key_display(b) for b in bindings),
+                description,
+                any(b.show for b in bindings),
+            )
+        )
     hint = str(getattr(screen, "ENTER_HINT", "") or "")
     if hint:
         keys.insert(0, Key("enter", "enter", hint, True))
@@ -68,5 +75,4 @@ class ConsoleFooter(Footer):
             return
         for key in screen_keys(self.screen):
             if key.in_footer:
-                yield FooterKey(key.key, key.display.split()[0], key.description, "").data_bind(
-                    compact=Footer.compact)
+                yield FooterKey(key.key, key.display.split()[0], key.description, "").data_bind(compact=Footer.compact)

@@ -1,5 +1,6 @@
 """The TUI's DataTables (the CLI's Rich tables are okconsole/cli_tables.py): kept in step with
 fresh rows without flicker, every number drawn in full."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
