@@ -39,15 +39,8 @@ class FxHost(Protocol):
     @property
     def store(self) -> Store | None: ...
 
-    async def emit(
-        self,
-        signal: Signal | str,
-        payload: Any = None,
-        *,
-        key: str | None = None,
-        parent_run_id: str | None = None,
-        emitter: str | None = None,
-    ) -> str: ...
+    @property
+    def emit(self) -> Emit: ...
 
 
 @dataclass(frozen=True, slots=True)

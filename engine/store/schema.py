@@ -6,6 +6,8 @@ so any JSON string survives both backends byte for byte, NUL escapes included.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text, text
 
 # 2: per-status message counters kept by triggers (store/counts.py)
@@ -79,16 +81,22 @@ messages = Table(
     Column("parent_run_id", String(40)),
     Column("replays", Integer, nullable=False, server_default=text("0")),
 )
+
+
+def _partial_index(name: str, *columns: Any, where: str) -> Index:
+    """An index over only the rows where `where` holds, the same on SQLite and PostgreSQL."""
+    return Index(name, *columns, sqlite_where=text(where), postgresql_where=text(where))
+
+
 # The claim scans only ready rows, in emit order (partial: delivered rows cost nothing).
-Index("oke_messages_ready", messages.c.seq, sqlite_where=text(READY), postgresql_where=text(READY))
+_partial_index("oke_messages_ready", messages.c.seq, where=READY)
 # Per-key FIFO: the head of a key among ready rows.
-Index(
+_partial_index(
     "oke_messages_ready_key",
     messages.c.queue,
     messages.c.key,
     messages.c.seq,
-    sqlite_where=text(READY + " AND key IS NOT NULL"),
-    postgresql_where=text(READY + " AND key IS NOT NULL"),
+    where=READY + " AND key IS NOT NULL",
 )
 # Lists by status newest first (and dead letters).
 Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
@@ -98,15 +106,14 @@ Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messag
 # Stores created before schema 2 keep their full indexes of the same names (same answers).
 _KEYED = "key IS NOT NULL"
 _CHILD = "parent_run_id IS NOT NULL"
-Index(
+_partial_index(
     "oke_messages_signal_key",
     messages.c.signal,
     messages.c.key,
     messages.c.seq,
-    sqlite_where=text(_KEYED),
-    postgresql_where=text(_KEYED),
+    where=_KEYED,
 )
-Index("oke_messages_parent", messages.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
+_partial_index("oke_messages_parent", messages.c.parent_run_id, where=_CHILD)
 
 # The console's sorted lists (engine/ops/listing.py): one (signal, column, seq) index per sortable
 # column that no index above orders (status and key have theirs). Columns that are empty on most
@@ -118,29 +125,26 @@ SORT_INDEXES = (
     Index("oke_messages_signal_id", messages.c.signal, messages.c.id),
     Index("oke_messages_signal_created", messages.c.signal, messages.c.created_at, messages.c.seq),
     Index("oke_messages_signal_attempts", messages.c.signal, messages.c.attempts, messages.c.seq),
-    Index(
+    _partial_index(
         "oke_messages_signal_owner",
         messages.c.signal,
         messages.c.locked_by,
         messages.c.seq,
-        sqlite_where=text(_OWNED),
-        postgresql_where=text(_OWNED),
+        where=_OWNED,
     ),
-    Index(
+    _partial_index(
         "oke_messages_signal_lease",
         messages.c.signal,
         messages.c.lease_expires_at,
         messages.c.seq,
-        sqlite_where=text(_LEASED),
-        postgresql_where=text(_LEASED),
+        where=_LEASED,
     ),
-    Index(
+    _partial_index(
         "oke_messages_signal_parent",
         messages.c.signal,
         messages.c.parent_run_id,
         messages.c.seq,
-        sqlite_where=text(_CHILD),
-        postgresql_where=text(_CHILD),
+        where=_CHILD,
     ),
 )
 
@@ -193,7 +197,7 @@ runs = Table(
     Column("ended_at", BigInteger),
     Column("error", Text),
 )
-Index("oke_runs_parent", runs.c.parent_run_id, sqlite_where=text(_CHILD), postgresql_where=text(_CHILD))
+_partial_index("oke_runs_parent", runs.c.parent_run_id, where=_CHILD)
 Index("oke_runs_message", runs.c.message_id)
 
 steps = Table(
