@@ -69,7 +69,9 @@ async def test_once_signal_bound_to_two_flows_by_two_processes_is_warned_listed_
     async with app.run_test(size=(160, 40)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, OverviewScreen)
                        and app.screen.query_one("#signals").row_count == 1)
-        await wait_for(pilot, lambda: "split its messages" in screen_text(app))
+        # the marker and the about line are painted by one refresh, but a screenshot can land between
+        # the table's repaint and the line's: wait until both are on screen, then read them
+        await wait_for(pilot, lambda: "split its messages" in screen_text(app) and "once ⚠" in screen_text(app))
         lines = screen_lines(app)
         [signal_row] = [line for line in lines if line.split()[:2] == ["orders", "once"]]
         assert "once ⚠" in signal_row
