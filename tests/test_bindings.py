@@ -232,10 +232,21 @@ async def test_unbind_on_a_terminal_asks_first(sqlite_url, tmp_path):
 
 # ------------------------------------------------------------------ the store upgrade
 
+def _downgrade_to_version_3(conn) -> None:
+    """The layout version 3 had: no run_at / priority / dedupe, no pauses table."""
+    from sqlalchemy import text
+
+    for column in ("run_at", "priority", "dedupe"):
+        conn.execute(text(f"ALTER TABLE oke_messages DROP COLUMN {column}"))
+    conn.execute(text("DROP TABLE oke_pauses"))
+    conn.execute(text("UPDATE oke_meta SET value = '3' WHERE key = 'schema_version'"))
+
+
 def _downgrade_to_version_2(conn) -> None:
     """The layout version 2 had: no binding activity, no recorded JSON Schemas."""
     from sqlalchemy import text
 
+    _downgrade_to_version_3(conn)
     for table, column in [("oke_bindings", "last_seen"), ("oke_bindings", "ttl_ms"),
                           ("oke_bindings", "retired_at"), ("oke_signals", "json_schema")]:
         conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
@@ -252,10 +263,33 @@ async def test_a_version_2_store_is_upgraded_in_place(db_url):
 
     async with oke("console", database_url=db_url, bindings=[]) as app:  # binds nothing: only upgrades
         assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == \
-            schema_mod.SCHEMA_VERSION == 3
+            schema_mod.SCHEMA_VERSION == 4
         [old] = await ops.bindings(app.store)
         assert (old.flow, old.last_seen, old.active) == ("search", recorded_at, True)  # seen when recorded
         assert (await ops.show(app.store, first)).status == "pending"
         await app.emit(news, {"n": 2})  # an emitter of the upgraded store still finds the flow
     assert await copies_by_flow(db_url, "news") == {"search": ["pending", "pending"]}
     assert await scalar(db_url, "SELECT json_schema FROM oke_signals WHERE name = 'news'") == "{}"
+
+
+async def test_a_version_3_store_is_upgraded_in_place_and_its_messages_stay_due(db_url):
+    tasks = signal.once("tasks", retries=0)
+    seen: list[int] = []
+
+    async def handle(payload, fx):
+        seen.append(payload["n"])
+
+    bindings = [Binding(tasks, flow("work", do=handle))]
+    async with oke("t", database_url=db_url, bindings=bindings):
+        pass  # records the binding, so an emitter that binds nothing still stores the message
+    async with oke("emitter", database_url=db_url, bindings=[]) as app:
+        first = await app.emit(tasks, {"n": 1})
+        await app.store.write(_downgrade_to_version_3)
+    async with oke("t", database_url=db_url, bindings=bindings) as app:
+        assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == 4
+        assert await scalar(db_url, "SELECT count(*) FROM oke_pauses") == 0
+        await app.drain()
+        assert (await ops.show(app.store, first)).status == "delivered"
+    assert seen == [1]
+    assert await scalar(db_url, f"SELECT priority FROM oke_messages WHERE id = '{first}'") == 0
+    assert await scalar(db_url, f"SELECT run_at FROM oke_messages WHERE id = '{first}'") is None

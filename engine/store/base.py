@@ -128,6 +128,7 @@ def ensure_schema(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: counts.install,  # 1 -> 2: message counters kept by triggers
     2: migrations.add_binding_activity,  # 2 -> 3: binding activity (binding_ttl, unbind), JSON Schemas
+    3: migrations.add_message_timing,  # 3 -> 4: run_at, priority, dedupe (time and order options)
 }
 
 

@@ -11,14 +11,30 @@ _V3_COLUMNS = {
 }
 
 
+# columns version 4 added to oke_messages (run_at / dedupe NULL and priority 0: as before)
+_V4_COLUMNS = {
+    "oke_messages": {"run_at": "BIGINT", "priority": "INTEGER NOT NULL DEFAULT 0", "dedupe": "TEXT"},
+}
+
+
+def _add_columns(conn: Connection, tables: dict[str, dict[str, str]]) -> None:
+    found = inspect(conn)
+    for table, columns in tables.items():
+        have = {c["name"] for c in found.get_columns(table)}
+        for name, sql_type in columns.items():
+            if name not in have:
+                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
+
+
 def add_binding_activity(conn: Connection) -> None:
     """2 -> 3: bindings' last_seen / ttl_ms / retired_at and signals' json_schema, added in place.
 
     A binding recorded before has no last_seen: readers fall back to its updated_at (when it was
     last recorded), which is what last_seen would have said."""
-    found = inspect(conn)
-    for table, columns in _V3_COLUMNS.items():
-        have = {c["name"] for c in found.get_columns(table)}
-        for name, sql_type in columns.items():
-            if name not in have:
-                conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
+    _add_columns(conn, _V3_COLUMNS)
+
+
+def add_message_timing(conn: Connection) -> None:
+    """3 -> 4: messages' run_at, priority and dedupe, added in place (the pauses table is new and
+    comes from create_all). Existing messages are due, of priority 0, without a dedupe key."""
+    _add_columns(conn, _V4_COLUMNS)

@@ -12,7 +12,8 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
-SCHEMA_VERSION = 3
+# 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe); paused signals
+SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -80,6 +81,23 @@ messages = Table(
     Column("finished_at", BigInteger),
     Column("parent_run_id", String(40)),
     Column("replays", Integer, nullable=False, server_default=text("0")),
+    # Not claimed before this time (a delay, an `at`, a back-off); NULL: due since it was stored.
+    Column("run_at", BigInteger),
+    # Among due messages of a queue, higher is claimed first (emit order still wins within a key).
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    # The emit's dedupe key: one pending or inflight message per (signal, dedupe).
+    Column("dedupe", Text),
+)
+
+# Signals an operator paused: no process claims their messages while a row is here. A table of
+# its own, so the boot's upsert of oke_signals never clears a pause.
+pauses = Table(
+    "oke_pauses",
+    metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("paused_at", BigInteger, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("reason", Text),
 )
 
 
