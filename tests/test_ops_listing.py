@@ -174,11 +174,13 @@ async def test_sort_indexes_are_added_to_an_existing_store_and_serve_the_sorts(d
     store = make_store(db_url)
     await store.open()
     try:
-        await sql_write(store, "DROP INDEX oke_messages_signal_created")
+        await sql_write(store, "DROP INDEX oke_messages_settled_created")
+        # an earlier okengine's full-row index, which costs every claim an entry
+        await sql_write(store, "CREATE INDEX oke_messages_signal_owner ON oke_messages (signal, locked_by, seq)")
     finally:
         await store.close()
     store = make_store(db_url)
-    await store.open()  # no schema version step: ensure_schema adds what is missing
+    await store.open()  # no schema version step: ensure_schema adds what is missing, drops what retired
     try:
         def plans(conn):
             pg = conn.dialect.name == "postgresql"
@@ -187,17 +189,23 @@ async def test_sort_indexes_are_added_to_an_existing_store_and_serve_the_sorts(d
                 conn.execute(text("SET LOCAL enable_sort = off"))
             explain = "EXPLAIN " if pg else "EXPLAIN QUERY PLAN "
             out = {}
-            for name, column in (("oke_messages_signal_created", "created_at"),
-                                 ("oke_messages_signal_attempts", "attempts"),
-                                 ("oke_messages_signal_id", "id"),
-                                 ("oke_messages_signal_owner", "locked_by"),
-                                 ("oke_messages_signal_lease", "lease_expires_at"),
-                                 ("oke_messages_signal_parent", "parent_run_id")):
-                q = (f"SELECT seq FROM oke_messages WHERE signal = 's' AND {column} IS NOT NULL "
+            for name, column, rows in (("oke_messages_settled_created", "created_at", "status <> 'inflight'"),
+                                       ("oke_messages_settled_attempts", "attempts", "status <> 'inflight'"),
+                                       ("oke_messages_settled_id", "id", "status <> 'inflight'"),
+                                       ("oke_messages_signal_status", "locked_by", "status = 'inflight'"),
+                                       ("oke_messages_signal_status", "lease_expires_at", "status = 'inflight'"),
+                                       ("oke_messages_signal_parent", "parent_run_id", "true")):
+                q = (f"SELECT seq FROM oke_messages WHERE signal = 's' AND {column} IS NOT NULL AND {rows} "
                      f"ORDER BY {column} DESC, seq DESC LIMIT 5")
-                out[name] = " ".join(str(c) for row in conn.execute(text(explain + q)) for c in row)
-            return out
-        for name, plan in (await store.read(plans)).items():
-            assert name in plan, plan
+                out[column] = (name, " ".join(str(c) for row in conn.execute(text(explain + q)) for c in row))
+            if pg:
+                names = [r[0] for r in conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'oke_messages'"))]
+            else:
+                names = [r[0] for r in conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'index'"))]
+            return out, names
+        out, names = await store.read(plans)
+        for column, (name, plan) in out.items():
+            assert name in plan, (column, plan)
+        assert "oke_messages_settled_created" in names and "oke_messages_signal_owner" not in names
     finally:
         await store.close()

@@ -15,8 +15,10 @@ the rest of the signal.
 
 Indexes (engine/store/schema.py): seq → the per-status merge on oke_messages_signal_status (or
 the primary key for a searched walk); status → oke_messages_signal_status; key →
-oke_messages_signal_key; id, created_at, attempts, locked_by, lease_expires_at, parent_run_id →
-oke_messages_signal_{id,created,attempts,owner,lease,parent}.
+oke_messages_signal_key; id, created_at, attempts → oke_messages_settled_{id,created,attempts}
+(rows not inflight) merged with the inflight rows from (signal, status, seq); locked_by and
+lease_expires_at (set on inflight rows only) → the inflight rows from (signal, status, seq);
+parent_run_id → oke_messages_signal_parent.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, and_, func, or_, select, tuple_, union_all
+from sqlalchemy import ColumnElement, Connection, Select, and_, func, literal_column, or_, select, tuple_, union_all
 
 from ..store import schema
 from .records import STATUSES
@@ -48,6 +50,10 @@ SORTS: dict[str, Any] = {
     "parent_run_id": m.c.parent_run_id,
 }
 NULLABLE = ("key", "locked_by", "lease_expires_at", "parent_run_id")
+SETTLED_INDEXED = ("id", "created_at", "attempts")  # indexed over rows not inflight (schema.SETTLED)
+INFLIGHT_ONLY = ("locked_by", "lease_expires_at")  # set on inflight rows only, which are few
+# schema.SETTLED as an expression: a literal, not a bound parameter, so SQLite matches the index's WHERE
+_SETTLED: ColumnElement[bool] = m.c.status.op("<>", is_comparison=True)(literal_column("'inflight'"))
 COLS = (
     m.c.seq,
     m.c.id,
@@ -158,13 +164,8 @@ class Walk:
         """The last row a bounded read of this segment may reach; None when the segment ends first."""
         if segment == "values":
             conds = self._segment_cond(segment) + ([self._after(segment, start)] if start else [])
-            row = self.conn.execute(
-                select(self.column, m.c.seq)
-                .where(and_(*conds))
-                .order_by(*self._order(segment))
-                .offset(SCAN_BUDGET - 1)
-                .limit(1)
-            ).first()
+            parts = [select(self.column, m.c.seq).where(and_(*conds, *part)) for part in self._parts(segment)]
+            row = self.conn.execute(self._merged(segment, parts, SCAN_BUDGET, offset=SCAN_BUDGET - 1, limit=1)).first()
             return Position(segment, row[0], row[1]) if row is not None else None
         # seq order: a range of SCAN_BUDGET seqs of the store (the primary key), from the walk's start
         bounds = self._seq_bounds()
@@ -200,21 +201,36 @@ class Walk:
         if segment == "seq" and not self.windowed and end is None:
             # No index orders a whole signal by seq: merge the first limit of each status from
             # (signal, status, seq), so a page costs O(limit), not O(messages of the signal).
-            parts = [
-                select(
-                    *select(*COLS)
-                    .where(and_(*conds, m.c.status == st))
-                    .order_by(*self._order(segment))
-                    .limit(limit)
-                    .subquery()
-                    .c
-                )
-                for st in STATUSES
-            ]
-            merged = union_all(*parts).subquery()
-            order = merged.c.seq.desc() if self.descending else merged.c.seq.asc()
-            return select(*merged.c).order_by(order).limit(limit)
-        return select(*COLS).where(and_(*conds)).order_by(*self._order(segment)).limit(limit)
+            parts = [select(*COLS).where(and_(*conds, m.c.status == st)) for st in STATUSES]
+        else:
+            parts = [select(*COLS).where(and_(*conds, *part)) for part in self._parts(segment)]
+        return self._merged(segment, parts, limit, offset=0, limit=limit)
+
+    def _parts(self, segment: str) -> list[list[ColumnElement[bool]]]:
+        """The row sets a segment is read from, each on one index (schema.SORT_INDEXES): the
+        indexes of id, created_at and attempts leave inflight rows out (a claim then writes no entry
+        in them), so those rows are read apart, from (signal, status, seq), and merged in; a lease
+        and its holder exist only on inflight rows, read the same way."""
+        if segment == "values" and self.sort in SETTLED_INDEXED:
+            return [[_SETTLED], [m.c.status == "inflight"]]
+        if segment == "values" and self.sort in INFLIGHT_ONLY:
+            return [[m.c.status == "inflight"]]
+        return [[]]
+
+    def _merged(self, segment: str, parts: list[Select[Any]], each: int, *, offset: int, limit: int) -> Select[Any]:
+        """Rows of `parts` in walk order: each part ordered and cut to `each` on its own index,
+        then merged (one part is read as it is)."""
+        order = self._order(segment)
+        if len(parts) == 1:
+            return parts[0].order_by(*order).offset(offset or None).limit(limit)
+        merged = union_all(*(select(*p.order_by(*order).limit(each).subquery().c) for p in parts)).subquery()
+        keys = [merged.c.seq] if segment == "seq" else [merged.c[self.column.key], merged.c.seq]
+        return (
+            select(*merged.c)
+            .order_by(*(k.desc() if self.descending else k.asc() for k in keys))
+            .offset(offset or None)
+            .limit(limit)
+        )
 
     def page(self, limit: int, cursor: Position | None) -> tuple[list[Any], Position | None, bool]:
         """Up to `limit` rows in walk order, the position the next page starts after (None at the

@@ -105,6 +105,8 @@ def ensure_schema(conn: Connection) -> None:
     schema.metadata.create_all(conn, checkfirst=True)
     for index in schema.SORT_INDEXES:  # create_all adds indexes with new tables only
         index.create(conn, checkfirst=True)
+    for name in schema.RETIRED_SORT_INDEXES:
+        conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
     row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
     if row is None:
         counts.install(conn)
