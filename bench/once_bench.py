@@ -53,6 +53,7 @@ def meta(cluster, engine_sha: str) -> dict:
     import asyncpg
     import engine
     import procrastinate
+    from peers.pgqueuer_peer import VERSION as pgqueuer_version
 
     def git(*args):
         try:
@@ -65,6 +66,7 @@ def meta(cluster, engine_sha: str) -> dict:
     return {"engine_sha256": engine_sha, "python": platform.python_version(), "cpu": cpu, "cores": __import__("os").cpu_count(),
             "kernel": platform.release(), "postgres": pg, "sqlite": sqlite3.sqlite_version,
             "asyncpg": asyncpg.__version__, "procrastinate": procrastinate.__version__,
+            "pgqueuer": pgqueuer_version,
             "engine_copied_from": str(REPO / "engine"), "engine_file": engine.__file__, "git_head": git("rev-parse", "--short", "HEAD"),
             "git_dirty": bool(git("status", "--porcelain", "engine"))}
 
@@ -78,15 +80,21 @@ async def measure(rec, a, label: str, rep: int, make):
     return rec.add({**row, "rep": rep, "label": label, "busy_before": quiet})
 
 
+# PgQueuer consumers x batch: its own benchmark's 5 x 10, and as many jobs in flight as 8 and 32 handlers
+PGQUEUER_GRID = [(5, 10), (1, 8), (4, 8)]
+
+
 async def pg_throughput(rec, cluster, a):
     from engine_runs import pg_multi, pg_single
-    from peers import procrastinate_peer, raw_pg
+    from peers import pgqueuer_peer, procrastinate_peer, raw_pg
 
     n = a.messages
     cluster.create_database("bench_raw")
     cluster.create_database("bench_proc")
-    raw_dsn, proc_dsn = cluster.dsn("bench_raw"), cluster.dsn("bench_proc")
+    cluster.create_database("bench_pgq")
+    raw_dsn, proc_dsn, pgq_dsn = cluster.dsn("bench_raw"), cluster.dsn("bench_proc"), cluster.dsn("bench_pgq")
     await procrastinate_peer.apply_schema(proc_dsn)
+    await pgqueuer_peer.install(pgq_dsn)
     raw_grid = [(1, 1), (8, 1), (32, 1), (8, 8), (32, 32), (2, 8), (2, 32), (4, 8)]
     for rep in range(a.reps):   # rep-major: slow drift of the VM spreads over every contender
         print(f"-- PostgreSQL, repetition {rep + 1}/{a.reps}", flush=True)
@@ -96,6 +104,9 @@ async def pg_throughput(rec, cluster, a):
         for c in (1, 8, 32):
             await measure(rec, a, f"procrastinate C={c}", rep,
                           lambda: procrastinate_peer.run(proc_dsn, n, c, cluster.data_dir))
+        for consumers, batch in PGQUEUER_GRID:
+            await measure(rec, a, f"pgqueuer {consumers} x batch {batch}", rep,
+                          lambda: pgqueuer_peer.run(pgq_dsn, n, consumers, batch, cluster.data_dir))
         for tasks, batch in raw_grid:
             await measure(rec, a, f"raw asyncpg {tasks} tasks x batch {batch}", rep,
                           lambda: raw_pg.run(raw_dsn, n, tasks, batch, cluster.data_dir))
@@ -144,7 +155,7 @@ def report(a, rec, info) -> str:
     parts, floors = [], []
     head = (f"okengine once benchmark — {time.strftime('%Y-%m-%d %H:%M')}, {info['cores']} cores "
             f"({info['cpu']}), Python {info['python']}, {info['postgres'].split(' on ')[0] if info['postgres'] else ''}, "
-            f"SQLite {info['sqlite']}, asyncpg {info['asyncpg']}, procrastinate {info['procrastinate']}, "
+            f"SQLite {info['sqlite']}, asyncpg {info['asyncpg']}, procrastinate {info['procrastinate']}, PgQueuer {info['pgqueuer']}, "
             f"engine at {info['git_head']}{' + uncommitted changes' if info['git_dirty'] else ''} "
             f"(engine/ copied at start, sha256 {info['engine_sha256']})")
     parts.append(head)

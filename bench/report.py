@@ -45,15 +45,21 @@ def pg_section(rec, n, reps):
     eng = {c: rec.select(bench="pg_engine", processes=1, concurrency=c) for c in CONCS}
     mp = rec.select(bench="pg_engine", processes=4, concurrency=8)
     proc = {c: rec.select(bench="procrastinate", concurrency=c) for c in CONCS}
+    pgq = lambda d, b: rec.select(bench="pgqueuer", consumers=d, batch=b)  # noqa: E731
+    pgq_at = {8: pgq(1, 8), 32: pgq(4, 8)}  # as many jobs in flight as C handlers
     raw = lambda t, b: rec.select(bench="pg_raw", tasks=t, batch=b)  # noqa: E731
     hdr = ["PostgreSQL, msgs/s", *[f"C={c}" for c in CONCS]]
     L = [
         ["okengine: 1 process, C handlers", *[cell(eng[c]) for c in CONCS]],
         ["procrastinate: concurrency C", *[cell(proc[c]) for c in CONCS]],
+        ["PgQueuer: C jobs in flight (1×8, 4×8)", "—", cell(pgq_at[8]), cell(pgq_at[32])],
+        ["PgQueuer: its benchmark's 5 × batch 10", "", cell(pgq(5, 10)), ""],
         ["raw asyncpg: C tasks × batch 1", *[cell(raw(c, 1)) for c in CONCS]],
         ["raw asyncpg: C tasks × batch C", "(= batch 1)", *[cell(raw(c, c)) for c in CONCS[1:]]],
         ["raw asyncpg: 2 tasks × batch C", "(= batch 1)", *[cell(raw(2, c)) for c in CONCS[1:]]],
         ["ours / procrastinate", *[ratio(med(eng[c]), med(proc[c])) for c in CONCS]],
+        ["ours / PgQueuer (same in flight)", "—", *[ratio(med(eng[c]), med(pgq_at[c])) for c in CONCS[1:]]],
+        ["ours / PgQueuer 5 × 10", "", *[ratio(med(eng[c]), med(pgq(5, 10))) for c in CONCS[1:]]],
         ["ours / raw C×1", *[ratio(med(eng[c]), med(raw(c, 1))) for c in CONCS]],
         ["ours / raw C×C", ratio(med(eng[1]), med(raw(1, 1))),
          *[ratio(med(eng[c]), med(raw(c, c))) for c in CONCS[1:]]],
@@ -91,6 +97,12 @@ def pg_section(rec, n, reps):
         a, b = med(eng[8]), med(proc[8])
         floors.append(("PostgreSQL, 8 handlers ≥ 5× procrastinate (concurrency 8)",
                        f"{a:.0f} vs {b:.0f} = {a / b:.2f}×", a >= 5 * b))
+    for c in CONCS[1:]:
+        peer = [*pgq_at[c], *pgq(5, 10)]
+        if eng[c] and peer:
+            a, b = med(eng[c]), max(med(pgq_at[c]) or 0, med(pgq(5, 10)) or 0)
+            floors.append((f"PostgreSQL, {c} handlers ≥ 1.5× PgQueuer (the faster of its 5×10 and {c} in flight)",
+                           f"{a:.0f} vs {b:.0f} = {a / b:.2f}×", a >= 1.5 * b))
     if eng[8] and raw(8, 8):
         a, b = med(eng[8]), med(raw(8, 8))
         floors.append(("PostgreSQL, 8 handlers ≥ 50% of raw asyncpg at the engine's batch (8 tasks × batch 8)",
