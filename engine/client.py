@@ -6,7 +6,8 @@ needs `via`; a custom flow's exposure is used only when `via` names its flow or
 path), and follows it: reconnects send `Last-Event-ID` from the last id received (an
 id-only heartbeat frame counts), a 410 raises `LiveResumeGap` — or, with
 `auto_resubscribe`, drops the cursor and replays the remaining tape after a
-back-off of 500 ms doubling to 30 s.
+back-off of 500 ms doubling to 30 s. A stream silent for longer than `idle_s` (no
+event, no heartbeat: a half-open connection, a stalled proxy) counts as a drop.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from .signals import Signal
 
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 30.0
+# Three of the server's default 15 s heartbeats: a stream silent this long is taken as dropped.
+DEFAULT_IDLE_S = 45.0
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,20 @@ def _signal_name(signal: Signal | str) -> str:
 
 
 class Client:
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, token: str | None = None, *, timeout: float = 10.0, idle_s: float | None = DEFAULT_IDLE_S
+    ) -> None:
+        """`idle_s`: how long a stream may stay silent before it is dropped and resumed (keep it
+        above the server's `sse_heartbeat_s`; None waits forever)."""
+        for name, value in (("timeout", timeout), ("idle_s", idle_s)):
+            if value is None and name == "idle_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"Client({name}=...): seconds > 0, got {value!r}")
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.idle_s = idle_s
         self._exposures: list[dict[str, Any]] | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -151,7 +164,7 @@ class Client:
         name = _signal_name(signal)
         params = dict(params or {})
         resume = _Resume(last_event_id, tail)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=None)) as client:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=self.idle_s)) as client:
             url: str | None = None
             while True:
                 try:

@@ -222,6 +222,40 @@ async def test_reconnect_resumes_from_the_last_id_received_including_heartbeats(
     assert SEEN == [None, b_ids[-1]]
 
 
+async def test_a_silent_stream_is_dropped_after_idle_s_and_resumed_from_the_last_id(db_url):
+    """A server that writes nothing (no event, no heartbeat: here its heartbeat is an hour; in life a
+    half-open connection or a stalled proxy) is taken as a drop after idle_s, not waited on forever."""
+    status = declare()
+    app = oke("shop", database_url=db_url, sse_heartbeat_s=3600)
+    async with app, serving(app, port=free_port()) as base:
+        queue: asyncio.Queue = asyncio.Queue()
+        opened: list[float] = []
+        api = Client(base, token="s3cret", idle_s=0.3)
+        task = asyncio.create_task(consume(api.stream(status, {"orderId": "a"},
+                                                      on_open=lambda: opened.append(time.monotonic())), queue))
+        try:
+            a1 = await app.emit(status, {"orderId": "a", "n": 1})
+            assert [e.id for e in await take(queue, 1)] == [a1]
+            await asyncio.sleep(1.2)  # silence: dropped after 0.3 s, resumed, dropped again, …
+            a2 = await app.emit(status, {"orderId": "a", "n": 2})
+            assert [e.id for e in await take(queue, 1)] == [a2]
+            assert await stays_empty(queue, 0.3)  # a1 is never delivered twice
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    assert len(opened) >= 2
+    assert SEEN[0] is None and set(SEEN[1:]) <= {a1, a2} and a1 in SEEN[1:]
+
+
+def test_client_timeouts_must_be_positive_seconds():
+    for bad in (0, -1, "5", True):
+        with pytest.raises(ValueError, match="idle_s"):
+            Client("http://127.0.0.1:1", idle_s=bad)
+        with pytest.raises(ValueError, match="timeout"):
+            Client("http://127.0.0.1:1", timeout=bad)
+    assert Client("http://127.0.0.1:1", idle_s=None).idle_s is None
+
+
 async def test_a_410_raises_LiveResumeGap_with_reason_first_id_and_missed(db_url):
     status = declare(retention={"max_count": 5})
     async with oke("shop", database_url=db_url) as app, serving(app) as base:
