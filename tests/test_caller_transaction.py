@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from engine import OkeError, flow, oke, on, signal
+from engine import ops
 from engine.worker import IDLE_POLL_S
 from test_once_concurrency import procs, until  # noqa: F401  (procs is a fixture)
 from workers.db import fetch, is_sqlite, scalar
@@ -71,6 +72,8 @@ async def test_a_committed_transaction_stores_the_message_and_its_broadcast_copi
                 await conn.execute(text("INSERT INTO shop_orders VALUES ('o1', 5)"))
                 once_id = await app.emit(placed, {"orderId": "o1"}, key="o1", conn=conn)
                 await app.emit(fanned, {"orderId": "o1"}, conn=conn)
+            counted = {st.signal: (st.pending, st.delivered) for st in await ops.stats(app.store)}
+            assert counted["order.placed"] == (1, 0) and counted["order.fanned"] == (2, 0)  # the triggers count it
             rows = await fetch(db_url, "SELECT id, queue, status FROM oke_messages ORDER BY seq")
             assert [r[2] for r in rows] == ["pending"] * 3
             assert rows[0][:2] == (once_id, "order.placed")

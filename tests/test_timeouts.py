@@ -134,3 +134,25 @@ async def test_a_sync_handler_past_its_timeout_fails_while_its_thread_runs_on(db
     assert took < 5
     assert await fetch(db_url, "SELECT status FROM oke_messages") == [("dead",)]
     assert await fetch(db_url, "SELECT code FROM oke_failures") == [("Timeout",)]
+
+
+async def test_each_handler_of_a_batch_has_its_own_timeout(db_url):
+    mixed = signal.once("mixed", retries=0)
+    finished: list[int] = []
+
+    @on(mixed)
+    @flow("w.mixed", timeout="300ms")
+    async def handle(payload, fx):
+        if payload % 2 == 0:
+            await asyncio.sleep(0.05)  # well within the timeout, beside the slow ones
+        else:
+            await asyncio.sleep(3)
+        finished.append(payload)
+
+    async with oke("t", database_url=db_url) as app:
+        ids = await app.emit_many(mixed, range(8))
+        await app.drain(concurrency=8)
+    status = dict(await fetch(db_url, "SELECT id, status FROM oke_messages"))
+    assert [status[i] for i in ids] == ["delivered", "dead"] * 4
+    assert sorted(finished) == [0, 2, 4, 6]
+    assert await fetch(db_url, "SELECT DISTINCT code FROM oke_failures") == [("Timeout",)]

@@ -74,10 +74,13 @@ class Running(PoolState):
         try:
             value = payloads.decode(route.signal, claimed.payload)
             timeout_s = route.flow.timeout_s
-            if timeout_s is None:
-                await call_handler(route, value, fx)
-            else:
+            if timeout_s is not None:
                 await call_within_timeout(route, value, fx, timeout_s)
+            elif route.is_async:  # the common case, called here: no coroutine frame in between
+                assert route.flow.do is not None
+                await route.flow.do(value, fx)
+            else:
+                await call_handler(route, value, fx)
             ok = True
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
