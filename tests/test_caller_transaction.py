@@ -13,7 +13,7 @@ import time
 import pytest
 from pydantic import TypeAdapter
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from engine import OkeError, flow, oke, on, signal
 from engine import ops
@@ -194,4 +194,20 @@ async def test_fx_emit_writes_in_the_callers_transaction_too(db_url):
             await sa.dispose()
     rows = await fetch(db_url, "SELECT payload, parent_run_id IS NOT NULL FROM oke_messages WHERE signal = 'receipts'")
     assert rows == [('{"for":"o1"}', True)]
+    assert await fetch(db_url, "SELECT id FROM shop_orders") == [("o1",)]
+
+
+async def test_an_orm_session_passes_its_connection(db_url):
+    placed = signal.once("order.placed", optional=True)
+    async with oke("shop", database_url=db_url) as app:
+        sa = await _caller_engine(db_url)
+        try:
+            async with AsyncSession(sa) as session, session.begin():
+                with pytest.raises(TypeError, match=r"await session.connection\(\)"):
+                    await app.emit(placed, {}, conn=session)
+                await session.execute(text("INSERT INTO shop_orders VALUES ('o1', 5)"))
+                msg_id = await app.emit(placed, {"orderId": "o1"}, conn=await session.connection())
+        finally:
+            await sa.dispose()
+    assert await fetch(db_url, "SELECT id FROM oke_messages") == [(msg_id,)]
     assert await fetch(db_url, "SELECT id FROM shop_orders") == [("o1",)]

@@ -28,8 +28,8 @@ def check_caller_connection(conn: object, store_url: str, what: str) -> AsyncCon
     TypeError / ValueError naming `what` (the call), before anything is written."""
     if not isinstance(conn, AsyncConnection):
         raise TypeError(
-            f"{what}: conn must be an SQLAlchemy AsyncConnection (async with engine.begin() as conn), "
-            f"got {type(conn).__name__}"
+            f"{what}: conn must be an SQLAlchemy AsyncConnection (async with engine.begin() as conn; "
+            f"from an AsyncSession, await session.connection()), got {type(conn).__name__}"
         )
     if conn.sync_connection is None or conn.closed or not conn.in_transaction():
         raise ValueError(
