@@ -60,13 +60,14 @@ def rows_for_many(
     rows: list[NewMessage] = []
     for index, (item, key) in enumerate(pairs_of(signal, items, keys)):
         try:
-            check_emit_key(signal, key, "emit_many")
+            check_emit_key(signal, key, "emit_many")  # raises plain TypeError / ValueError only
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{err} (payload {index})") from None
+        try:
             encoded = payloads.encode(signal, item, max_bytes)
         except OkeError as err:
             detail = err.data.get("detail", err.cause)
             raise OkeError.of(1250, resource=signal.name, detail=f"payload {index}: {detail}") from None
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"{err} (payload {index})") from None
         msg_id, more = rows_for(signal, encoded, key, None, flows)
         ids.append(msg_id)
         rows += more
