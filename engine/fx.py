@@ -86,8 +86,8 @@ class Fx:
             raise RuntimeError("fx.extend_lease requires a message held by a worker (a signal flow's run)")
         if not await host.store.renew_lease(host.worker_id, claimed, host.lease_ms if ms is None else ms):
             raise LeaseLost(
-                f'fx.extend_lease(): message {claimed.id} of "{claimed.signal}" was reclaimed by another '
-                f"worker; attempt {claimed.attempts} no longer holds it, and its outcome will not be recorded"
+                f'fx.extend_lease(): message {claimed.id} of "{claimed.signal}" was reclaimed after its lease '
+                f"expired; attempt {claimed.attempts} no longer holds it, and its outcome will not be recorded"
             )
 
     def require_read(self, name: str) -> None:

@@ -23,8 +23,9 @@ async def _lease_left_ms(url: str, msg_id: str) -> int:
 
 
 async def _run_both(first, second, started: asyncio.Event, done):
-    """Worker `first` runs until its handler started, then `second` joins; both until `done()`."""
-    runs = [asyncio.create_task(first.run(concurrency=2))]
+    """Worker `first` runs until its handler started, then `second` joins; both until `done()`.
+    `first` has one slot, which its handler holds: only `second` can reclaim the message."""
+    runs = [asyncio.create_task(first.run(concurrency=1))]
     try:
         await asyncio.wait_for(started.wait(), 20)
         runs.append(asyncio.create_task(second.run(concurrency=2)))
@@ -96,7 +97,7 @@ async def test_extending_a_lease_another_worker_has_taken_over_raises_lease_lost
             return await scalar(db_url, "SELECT count(*) FROM oke_runs") == 2
 
         await _run_both(first, second, started, both_settled)
-    assert len(lost) == 1 and msg_id in lost[0] and "reclaimed by another worker" in lost[0]
+    assert len(lost) == 1 and msg_id in lost[0] and "was reclaimed" in lost[0]
     assert await fetch(db_url, "SELECT status, attempts FROM oke_messages") == [("delivered", 2)]
     runs = await fetch(db_url, "SELECT attempt, status, worker_id FROM oke_runs ORDER BY attempt")
     assert runs == [(1, "lease_lost", "first"), (2, "succeeded", "second")]
