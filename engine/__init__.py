@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .app import OkeApp, oke
-from .errors import OkeError, StoreUnavailable
+from .errors import LeaseLost, OkeError, StoreUnavailable
 from .flows import flow, forget_bindings, on
 from .fx import Fx
 from .http import Forbidden, Unauthorized, gate, http
@@ -12,6 +12,7 @@ from .signals import Signal, forget_declarations, signal
 __all__ = [
     "Forbidden",
     "Fx",
+    "LeaseLost",
     "OkeApp",
     "OkeError",
     "Signal",

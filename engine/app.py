@@ -8,11 +8,14 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import payloads
 from .durations import parse_duration_ms
-from .emitting import rows_for
+from .emitting import check_emit_key, not_wired_yet, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
@@ -22,12 +25,11 @@ from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
 from .runtime import HttpRuntime, Runtime, not_started
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
-from .store import Store, make_store, queue_name, registry, resolve_url
-from .store.base import check_key
+from .store import NewMessage, Store, make_store, queue_name, registry, resolve_url
+from .store.caller import check_caller_connection
 from .store.outage import describe, is_outage
 from .worker import Route, WorkerPool
 
-MAX_KEY_LENGTH = 1000
 BINDINGS_CACHE_S = registry.BINDINGS_CACHE_S
 BINDING_HEARTBEAT_S = 60.0  # a running app refreshes its bindings' last_seen this often (one UPDATE)
 log = logging.getLogger("engine.app")
@@ -184,16 +186,61 @@ class OkeApp:
         key: str | None = None,
         parent_run_id: str | None = None,
         emitter: str | None = None,
+        conn: AsyncConnection | None = None,
     ) -> str:
-        """Validate and store a message; returns its id once committed (OKE1240, OKE1250)."""
+        """Validate and store a message; returns its id once committed (OKE1240, OKE1250). With
+        `conn=`, it is written in the caller's transaction and exists iff that commits."""
         store = self._require_store()
         target = self._resolve(signal)
-        if key is not None and not isinstance(key, str):
-            raise TypeError(f'emit("{target.name}", key=...): a key is a string, got {type(key).__name__}')
-        if key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH:
-            raise ValueError(f'emit("{target.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
-        check_key(target.name, key)
+        caller = self._caller(target, conn, "emit")
+        check_emit_key(target, key)
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
+        flows = await self._subscribers(target, emitter)
+        if target.kind == "live":
+            return await self._append_live(target, encoded, parent_run_id)
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
+        if rows:
+            await self._store_rows(store, target, rows, caller)
+        return msg_id
+
+    async def emit_many(
+        self,
+        signal: Signal | str,
+        payloads: Iterable[Any],
+        *,
+        keys: Iterable[str | None] | None = None,
+        delay: object = None,
+        at: object = None,
+        priority: int = 0,
+        conn: AsyncConnection | None = None,
+    ) -> list[str]:
+        """Many messages of one signal in one transaction: all stored or none, in the order given;
+        their ids in that order. A bad payload is OKE1250 naming its index, and nothing is stored."""
+        store = self._require_store()
+        target = self._resolve(signal)
+        if target.kind == "live":
+            raise TypeError(f'emit_many("{target.name}"): a live signal\'s events are appended one by one with emit')
+        not_wired_yet(target, delay=delay, at=at, priority=priority)
+        caller = self._caller(target, conn, "emit_many")
+        flows = await self._subscribers(target, None)
+        ids, rows = rows_for_many(target, payloads, keys, flows, self.max_payload_bytes)
+        if rows:
+            await self._store_rows(store, target, rows, caller)
+        return ids
+
+    def _caller(self, target: Signal, conn: object, what: str) -> AsyncConnection | None:
+        """The caller's transaction, checked against this app's database (None without `conn=`)."""
+        if conn is None:
+            return None
+        if target.kind == "live":
+            raise TypeError(
+                f'{what}("{target.name}", conn=...): a live signal cannot be written in the caller\'s '
+                "transaction (a tape's order is the engine's own commit order)"
+            )
+        return check_caller_connection(conn, self.database_url, f'{what}("{target.name}", conn=...)')
+
+    async def _subscribers(self, target: Signal, emitter: str | None) -> list[str]:
+        """The flows (or exposures) an emit reaches; OKE1240 when none and the signal is not optional."""
         try:
             flows = await self._flows_of(target)
         except Exception as err:  # reading the bindings other processes recorded
@@ -204,20 +251,24 @@ class OkeApp:
             ) from err
         if not flows and not target.optional:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
-        if target.kind == "live":
-            return await self._append_live(target, encoded, parent_run_id)
-        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
-        if rows:
-            try:
-                await store.enqueue(rows)
-            except Exception as err:
-                if not is_outage(err):
-                    raise
-                raise StoreUnavailable(
-                    f'emit("{target.name}"): the store did not confirm the write, so the '
-                    f"message may not be stored ({describe(err)})"
-                ) from err
-        return msg_id
+        return flows
+
+    async def _store_rows(
+        self, store: Store, target: Signal, rows: list[NewMessage], caller: AsyncConnection | None
+    ) -> None:
+        """Our own transaction, or the caller's (whose errors are the caller's to handle)."""
+        if caller is not None:
+            await store.enqueue_on(caller, rows)
+            return
+        try:
+            await store.enqueue(rows)
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            raise StoreUnavailable(
+                f'emit("{target.name}"): the store did not confirm the write, so the '
+                f"message may not be stored ({describe(err)})"
+            ) from err
 
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:
         """Append to the tape; every connected stream on every process sees it.

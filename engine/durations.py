@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from datetime import timedelta
 
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PATTERN = re.compile(r"([1-9][0-9]{0,15})(ms|s|m|h|d)")
@@ -20,3 +22,22 @@ def parse_duration_ms(text: object) -> int | None:
         return None
     ms = int(match.group(1)) * _UNITS_MS[match.group(2)]
     return ms if ms <= MAX_DURATION_MS else None
+
+
+def option_seconds(value: object, what: str) -> float:
+    """Seconds for a duration option given as "5s", a `timedelta`, or seconds as a number.
+
+    Zero, negative or unparsable is a ValueError, any other type a TypeError, each naming `what`
+    (e.g. 'flow("x", timeout=...)'), so a bad option fails where it is written.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, timedelta)):
+        raise TypeError(f'{what}: a duration is "5s", a timedelta or seconds as a number, got {value!r}')
+    if isinstance(value, str):
+        ms = parse_duration_ms(value)
+        if ms is None:
+            raise ValueError(f'{what}: "{value}" is not a duration: use a positive integer and a unit (ms, s, m, h, d)')
+        return ms / 1000
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds * 1000 > MAX_DURATION_MS:
+        raise ValueError(f"{what}: a duration must be positive and finite, got {value!r}")
+    return seconds

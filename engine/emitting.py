@@ -6,9 +6,72 @@ and the store (which writes the rows as they are): neither a live tape's concern
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from itertools import zip_longest
+from typing import Any
+
+from . import payloads
+from .errors import OkeError
 from .ids import new_id, now_ms
 from .signals import Signal
 from .store import NewMessage, queue_name
+from .store.base import check_key
+
+MAX_KEY_LENGTH = 1000
+_MISSING = object()
+
+
+def check_emit_key(signal: Signal, key: object, what: str = "emit") -> None:
+    """A key is a string of 1 to MAX_KEY_LENGTH characters that every backend stores alike."""
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise TypeError(f'{what}("{signal.name}", key=...): a key is a string, got {type(key).__name__}')
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise ValueError(f'{what}("{signal.name}", key=...): a key has 1 to {MAX_KEY_LENGTH} characters')
+    check_key(signal.name, key)
+
+
+def pairs_of(signal: Signal, items: Iterable[Any], keys: Iterable[str | None] | None) -> Iterator[tuple[Any, Any]]:
+    """(payload, key) per payload of emit_many; ValueError when `keys` is not one per payload."""
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+        raise TypeError(f'emit_many("{signal.name}", payloads): an iterable of payloads, got {type(items).__name__}')
+    if keys is None:
+        yield from ((item, None) for item in items)
+        return
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f'emit_many("{signal.name}", keys=...): an iterable of one key (or None) per payload')
+    for index, (item, key) in enumerate(zip_longest(items, keys, fillvalue=_MISSING)):
+        if item is _MISSING or key is _MISSING:
+            more = "keys" if item is _MISSING else "payloads"
+            raise ValueError(
+                f'emit_many("{signal.name}"): keys must give one key (or None) per payload; '
+                f"there are more {more} than {'payloads' if more == 'keys' else 'keys'} (from index {index})"
+            )
+        yield item, key
+
+
+def rows_for_many(
+    signal: Signal, items: Iterable[Any], keys: Iterable[str | None] | None, flows: list[str], max_bytes: int
+) -> tuple[list[str], list[NewMessage]]:
+    """Every row of an emit_many, validated before any is written: a bad payload is OKE1250 naming
+    its index, a bad key a TypeError / ValueError naming it, and nothing is stored."""
+    ids: list[str] = []
+    rows: list[NewMessage] = []
+    for index, (item, key) in enumerate(pairs_of(signal, items, keys)):
+        try:
+            check_emit_key(signal, key, "emit_many")  # raises plain TypeError / ValueError only
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{err} (payload {index})") from None
+        try:
+            encoded = payloads.encode(signal, item, max_bytes)
+        except OkeError as err:
+            detail = err.data.get("detail", err.cause)
+            raise OkeError.of(1250, resource=signal.name, detail=f"payload {index}: {detail}") from None
+        msg_id, more = rows_for(signal, encoded, key, None, flows)
+        ids.append(msg_id)
+        rows += more
+    return ids, rows
 
 
 def rows_for(
@@ -43,3 +106,16 @@ def rows_for(
         for msg_id, flow in zip(ids, targets, strict=False)
     ]
     return (ids[0] if ids else new_id("msg_")), rows
+
+
+def not_wired_yet(signal: Signal, *, delay: object, at: object, priority: object) -> None:
+    """emit_many takes `delay`, `at` and `priority` (SPEC §12); until the row-building path carries
+    run_at and priority, a non-default value is refused rather than silently dropped."""
+    given = [name for name, value in (("delay", delay), ("at", at)) if value is not None]
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority != 0:
+        given.append("priority")
+    if given:
+        raise NotImplementedError(
+            f'emit_many("{signal.name}", {given[0]}=...): this okengine does not schedule or prioritise '
+            "messages yet; emit them without it"
+        )

@@ -61,3 +61,16 @@ class StoreUnavailable(RuntimeError):
 
 class SchemaTooNew(RuntimeError):
     """The store was created by a newer okengine than this one."""
+
+
+class LeaseLost(RuntimeError):
+    """`fx.extend_lease()` found the message reclaimed by another holder: this attempt's outcome
+    will not be recorded, so the handler should stop its work."""
+
+    code = "LeaseLost"
+
+
+class HandlerTimeout(TimeoutError):
+    """A handler ran past its flow's `timeout`: it was cancelled and the attempt failed."""
+
+    code = "Timeout"

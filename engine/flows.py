@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from .durations import option_seconds
 from .errors import OkeError
 from .signals import Signal, check_name, declared
 
@@ -24,6 +26,7 @@ class Flow:
     do: Handler | None
     durable: bool = False
     reads: frozenset[str] = frozenset()
+    timeout_s: float | None = None  # an attempt running longer is cancelled and fails with code Timeout
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.do is None:
@@ -49,7 +52,12 @@ def _check_effects(effects: object) -> frozenset[str]:
 
 
 def flow(
-    name: str | None = None, *, do: Handler | None = None, durable: bool = False, effects: dict[str, Any] | None = None
+    name: str | None = None,
+    *,
+    do: Handler | None = None,
+    durable: bool = False,
+    effects: dict[str, Any] | None = None,
+    timeout: str | float | timedelta | None = None,
 ) -> Any:
     """A Flow when `do` is given, else a decorator that turns a function into one."""
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -60,15 +68,16 @@ def flow(
     if not isinstance(durable, bool):
         raise TypeError(f"flow(durable=...): durable is a flag (True or False), got {durable!r}")
     reads = _check_effects(effects)
+    timeout_s = None if timeout is None else option_seconds(timeout, f"flow({name!r}, timeout=...)")
     if do is not None:
         if not callable(do):
             raise TypeError(f"flow(do=...): do must be callable, got {do!r}")
-        return Flow(name=name, do=do, durable=durable, reads=reads)
+        return Flow(name=name, do=do, durable=durable, reads=reads, timeout_s=timeout_s)
 
     def decorate(handler: Handler) -> Flow:
         if not callable(handler):
             raise TypeError(f"@flow: expected a function, got {handler!r}")
-        return Flow(name=name, do=handler, durable=durable, reads=reads)
+        return Flow(name=name, do=handler, durable=durable, reads=reads, timeout_s=timeout_s)
 
     return decorate
 

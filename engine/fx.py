@@ -1,4 +1,4 @@
-"""The per-run context a handler receives: emit, dead letters, durable steps, ids."""
+"""The per-run context a handler receives: emit, dead letters, durable steps, its lease, ids."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import OkeError
+from .durations import MAX_DURATION_MS
+from .errors import LeaseLost, OkeError
 from .flows import Flow
 from .ids import new_id
+from .runtime import Runtime
 from .signals import Signal
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from .ops.records import DeadLetter
     from .runtime import FxHost
+    from .store import Claimed
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class LiveBody:
 class Fx:
     """What a flow may do while it runs. One Fx per attempt (a run)."""
 
-    __slots__ = ("_app", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal", "exposes")
+    __slots__ = ("_app", "_claimed", "flow", "run_id", "parent_run_id", "attempt", "message_id", "signal", "exposes")
 
     def __init__(
         self,
@@ -42,8 +47,10 @@ class Fx:
         message_id: str | None = None,
         signal: str | None = None,
         exposes: str | None = None,
+        claimed: Claimed | None = None,
     ) -> None:
         self._app = app
+        self._claimed = claimed  # the message a worker holds for this run (None in an HTTP flow)
         self.flow = flow
         self.run_id = run_id or new_id("run_")
         self.parent_run_id = parent_run_id
@@ -56,11 +63,32 @@ class Fx:
         """A new unique, time-ordered id."""
         return new_id()
 
-    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None) -> str:
-        """Validate and store a message; it records this run as its parent. Resolves on commit."""
+    async def emit(
+        self, signal: Signal | str, payload: Any = None, *, key: str | None = None, conn: AsyncConnection | None = None
+    ) -> str:
+        """Validate and store a message; it records this run as its parent. Resolves on commit
+        (with `conn=`, the caller's: the message is written in that transaction)."""
         if self._app is None:
             raise RuntimeError("fx.emit requires a bound signal runtime")
-        return await self._app.emit(signal, payload, key=key, parent_run_id=self.run_id, emitter=self.flow.name)
+        return await self._app.emit(
+            signal, payload, key=key, parent_run_id=self.run_id, emitter=self.flow.name, conn=conn
+        )
+
+    async def extend_lease(self, ms: int | None = None) -> None:
+        """Hold the current message until now + `ms` (default the app's lease_ms), by the store's
+        lease clock. Raises LeaseLost when another worker has reclaimed it meanwhile. Never automatic."""
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int)):
+            raise TypeError(f"fx.extend_lease(ms=...): an int of milliseconds, got {ms!r}")
+        if ms is not None and not 1 <= ms <= MAX_DURATION_MS:
+            raise ValueError(f"fx.extend_lease(ms=...): milliseconds from 1 to {MAX_DURATION_MS}, got {ms}")
+        host, claimed = self._app, self._claimed
+        if not isinstance(host, Runtime) or claimed is None:
+            raise RuntimeError("fx.extend_lease requires a message held by a worker (a signal flow's run)")
+        if not await host.store.renew_lease(host.worker_id, claimed, host.lease_ms if ms is None else ms):
+            raise LeaseLost(
+                f'fx.extend_lease(): message {claimed.id} of "{claimed.signal}" was reclaimed after its lease '
+                f"expired; attempt {claimed.attempts} no longer holds it, and its outcome will not be recorded"
+            )
 
     def require_read(self, name: str) -> None:
         """OKE1001 unless this flow declared `signal:<name>` in its reads."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
     from .signals import Signal
     from .store import Store
 
@@ -29,6 +31,7 @@ class Emit(Protocol):
         key: str | None = None,
         parent_run_id: str | None = None,
         emitter: str | None = None,
+        conn: AsyncConnection | None = None,
     ) -> str: ...
 
 

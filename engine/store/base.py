@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from sqlalchemy import Connection, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
@@ -156,7 +157,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
-        """Store the rows in one transaction and wake the workers of their queues."""
+        """Store the rows in one transaction (many in chunks) and wake the workers of their queues."""
+
+    @abc.abstractmethod
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+        """Store the rows in the caller's open transaction (checked by store/caller.py): they exist
+        iff it commits, and this process's workers are woken once it has."""
 
     @abc.abstractmethod
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:

@@ -12,20 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
 from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .sql.claim import postgres_claim_statement
-from .sql.enqueue import POSTGRES_INSERT, POSTGRES_KEY_LOCKS
+from .sql.enqueue import ENQUEUE_CHUNK, POSTGRES_INSERT, POSTGRES_KEY_LOCKS
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import Waker, tape_topic, wake_local, wake_tapes
@@ -151,28 +151,20 @@ class PostgresStore(Store):
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
         assert self.pool is not None, "store is not open"
         check_keys(rows)
-        cols = (
-            [r.id for r in rows],
-            [r.signal for r in rows],
-            [r.queue for r in rows],
-            [r.flow for r in rows],
-            [r.key for r in rows],
-            [r.payload for r in rows],
-            [r.retries for r in rows],
-            [r.dead_letter for r in rows],
-            [r.created_at for r in rows],
-            [r.parent_run_id for r in rows],
-        )
-        keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
         async with _acquire(self.pool) as conn:
-            if keys:
+            if len(rows) > ENQUEUE_CHUNK or any(r.key is not None for r in rows):
                 async with conn.transaction():
-                    await conn.execute(POSTGRES_KEY_LOCKS, keys)
-                    await conn.execute(POSTGRES_INSERT, *cols)
-            else:
-                await conn.execute(POSTGRES_INSERT, *cols)
+                    await _insert_rows(lambda sql, args: conn.execute(sql, *args), rows)
+            else:  # the common emit: one statement, atomic on its own
+                await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))
         wake_local(self.url)
         self._maybe_compact_counts()
+
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+        """The same statements on the caller's connection: their NOTIFY is delivered at its commit,
+        to this process's listener as to every other's; its key locks are held until then."""
+        check_keys(rows)
+        await _insert_rows(conn.exec_driver_sql, rows)
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
@@ -243,6 +235,31 @@ class PostgresStore(Store):
             self._listener = _Listener(self.dsn, self.url)
         self._listener.ensure_started()
         return self._listener
+
+
+def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
+    """POSTGRES_INSERT's ten arrays, in emit order."""
+    return (
+        [r.id for r in rows],
+        [r.signal for r in rows],
+        [r.queue for r in rows],
+        [r.flow for r in rows],
+        [r.key for r in rows],
+        [r.payload for r in rows],
+        [r.retries for r in rows],
+        [r.dead_letter for r in rows],
+        [r.created_at for r in rows],
+        [r.parent_run_id for r in rows],
+    )
+
+
+async def _insert_rows(execute: Callable[[str, tuple[Any, ...]], Awaitable[Any]], rows: Sequence[NewMessage]) -> None:
+    """Inside a transaction: the per-key locks, then the rows, ENQUEUE_CHUNK a statement."""
+    keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
+    if keys:
+        await execute(POSTGRES_KEY_LOCKS, (keys,))
+    for start in range(0, len(rows), ENQUEUE_CHUNK):
+        await execute(POSTGRES_INSERT, _insert_columns(rows[start : start + ENQUEUE_CHUNK]))
 
 
 async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:

@@ -30,14 +30,16 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.pool import StaticPool
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from .caller import wake_after_commit
 from .outage import READ_ONLY, disk_condition, read_only_dir
 from .sql.claim import sqlite_claim_statement
-from .sql.enqueue import SQLITE_INSERT
+from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_INSERT
 from .sql.settle import (
     ACK_BATCH_FROM,
     ACK_ROWS_PER_STATEMENT,
@@ -354,28 +356,22 @@ class SqliteStore(Store):
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> None:
         check_keys(rows)
-        params = [
-            (
-                r.id,
-                r.signal,
-                r.queue,
-                r.flow,
-                r.key,
-                r.payload,
-                r.retries,
-                int(r.dead_letter),
-                r.created_at,
-                r.created_at,
-                r.parent_run_id,
-            )
-            for r in rows
-        ]
+        params = _insert_params(rows)
         # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
         # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
         await self._writer.call(
             lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
         )
         wake_local(self.url)
+
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+        """On the caller's connection, in chunks; SQLite's lock holds other writers off until its
+        commit, and this process's workers are woken after it (store/caller.py)."""
+        check_keys(rows)
+        params = _insert_params(rows)
+        for start in range(0, len(params), ENQUEUE_CHUNK):
+            await conn.exec_driver_sql(SQLITE_INSERT, params[start : start + ENQUEUE_CHUNK])
+        wake_after_commit(conn, self.url)
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = sqlite_claim_statement(len(queues))
@@ -417,6 +413,26 @@ class SqliteStore(Store):
 
     def tape_waker(self, signal: str) -> Waker:
         return Waker(self.url, tape_topic(signal), WalWatch(self.path))
+
+
+def _insert_params(rows: Sequence[NewMessage]) -> list[tuple[Any, ...]]:
+    """SQLITE_INSERT's parameters, one tuple a row."""
+    return [
+        (
+            r.id,
+            r.signal,
+            r.queue,
+            r.flow,
+            r.key,
+            r.payload,
+            r.retries,
+            int(r.dead_letter),
+            r.created_at,
+            r.created_at,
+            r.parent_run_id,
+        )
+        for r in rows
+    ]
 
 
 def _claim_in(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 
 from .. import payloads
 from ..fx import Fx
 from ..ids import new_id, now_ms
 from ..store import Claimed, Outcome
 from .failures import failure_code, failure_message
+from .invoking import call_handler, call_within_timeout
 from .state import PoolState, log
 from .turns import Resumed
 
@@ -68,18 +68,19 @@ class Running(PoolState):
             attempt=claimed.attempts,
             message_id=claimed.id,
             signal=claimed.signal,
+            claimed=claimed,
         )
         code = message = None
         try:
             value = payloads.decode(route.signal, claimed.payload)
-            handler = route.flow.do
-            assert handler is not None
-            if route.is_async:
-                await handler(value, fx)
+            timeout_s = route.flow.timeout_s
+            if timeout_s is not None:
+                await call_within_timeout(route, value, fx, timeout_s)
+            elif route.is_async:  # the common case, called here: no coroutine frame in between
+                assert route.flow.do is not None
+                await route.flow.do(value, fx)
             else:
-                result = await asyncio.to_thread(handler, value, fx)
-                if inspect.isawaitable(result):
-                    await result
+                await call_handler(route, value, fx)
             ok = True
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

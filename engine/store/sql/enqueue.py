@@ -7,6 +7,10 @@ PostgreSQL inserts every row from arrays in one statement that also NOTIFYs each
 
 from __future__ import annotations
 
+# Rows per statement when many are written in one transaction (emit_many, the caller's transaction):
+# bounds the arrays (PostgreSQL) and the parameter lists (SQLite) a statement carries.
+ENQUEUE_CHUNK = 5_000
+
 # -- SQLite: one row of 11 parameters per message.
 SQLITE_INSERT = """
 INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
