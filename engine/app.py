@@ -25,6 +25,7 @@ from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, registry, resolve_url
 from .store.base import check_key
 from .store.outage import describe, is_outage
+from .telemetry import RunHooks, tracing
 from .worker import Route, WorkerPool
 
 MAX_KEY_LENGTH = 1000
@@ -81,6 +82,7 @@ class OkeApp:
         self._bound_cache: dict[str, tuple[float, registry.Recorded]] = {}
         self._http: HttpServer | None = None
         self._appender: LiveAppender | None = None
+        self.hooks = RunHooks()  # this process's handler counters (metrics) and run spans (tracing)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> OkeApp:
@@ -117,6 +119,7 @@ class OkeApp:
             await store.close()
             raise
         self.manifest = manifest
+        self.hooks.counting = any(getattr(b.trigger, "metrics", False) for b in manifest.routes)
         self.store = store
         self._appender = LiveAppender(store, self._wake_live)
         self._stop_requested = asyncio.Event()
@@ -206,7 +209,7 @@ class OkeApp:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
         if target.kind == "live":
             return await self._append_live(target, encoded, parent_run_id)
-        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows, tracing.current_traceparent())
         if rows:
             try:
                 await store.enqueue(rows)
@@ -271,6 +274,7 @@ class OkeApp:
             lambda: self._stop_requested.set(),
             self.emit,
             self.sse_heartbeat_s,
+            self.hooks,
         )
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
@@ -343,7 +347,13 @@ class OkeApp:
     def _runtime(self) -> Runtime:
         """What the workers and their handlers' `Fx` need of this started app (engine/runtime.py)."""
         return Runtime(
-            self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s, self._stop_requested, self.emit
+            self._require_store(),
+            self.worker_id,
+            self.lease_ms,
+            self.stop_grace_s,
+            self._stop_requested,
+            self.emit,
+            self.hooks,
         )
 
 

@@ -12,7 +12,12 @@ from .store import NewMessage, queue_name
 
 
 def rows_for(
-    signal: Signal, payload: str, key: str | None, parent_run_id: str | None, flows: list[str]
+    signal: Signal,
+    payload: str,
+    key: str | None,
+    parent_run_id: str | None,
+    flows: list[str],
+    traceparent: str | None = None,
 ) -> tuple[str, list[NewMessage]]:
     """The message id to return and the rows to store for one emit.
 
@@ -39,6 +44,7 @@ def rows_for(
             dead_letter=signal.dead_letter,
             parent_run_id=parent_run_id,
             created_at=created,
+            traceparent=traceparent,
         )
         for msg_id, flow in zip(ids, targets, strict=False)
     ]

@@ -162,6 +162,7 @@ class PostgresStore(Store):
             [r.dead_letter for r in rows],
             [r.created_at for r in rows],
             [r.parent_run_id for r in rows],
+            [r.traceparent for r in rows],
         )
         keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
         async with _acquire(self.pool) as conn:
@@ -294,7 +295,16 @@ async def _fail_with_runs(
     for out in fails:
         c = out.claimed
         attempt = await conn.fetchval(
-            POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code, out.message, out.ended_at, out.run_id
+            POSTGRES_FAIL,
+            c.seq,
+            c.attempts,
+            now,
+            worker_id,
+            out.code,
+            out.message,
+            out.ended_at,
+            out.run_id,
+            out.carried,
         )
         if attempt is not None:
             held_attempts.add((c.seq, c.attempts))
