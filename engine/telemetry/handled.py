@@ -44,11 +44,10 @@ class HandledStats:
     def __init__(self) -> None:
         self.by_queue: dict[str, FlowCounts] = {}
 
-    def record(self, queue: str, signal: str, flow: str, outcome: int, seconds: float) -> None:
-        counts = self.by_queue.get(queue)
-        if counts is None:
-            counts = self.by_queue[queue] = FlowCounts(signal, flow)
-        counts.add(outcome, seconds)
+    def add_flow(self, queue: str, signal: str, flow: str) -> FlowCounts:
+        """The counts of a queue run for the first time (later runs find them in `by_queue`)."""
+        counts = self.by_queue[queue] = FlowCounts(signal, flow)
+        return counts
 
     def flows(self) -> list[FlowCounts]:
         return sorted(self.by_queue.values(), key=lambda c: (c.signal, c.flow))

@@ -52,7 +52,9 @@ class RunHooks:
         if watch is None:
             return None
         if self.counting:
-            outcome = outcome_of(route, claimed.attempts, error is None)
             seconds = time.perf_counter() - watch.started
-            self.handled.record(claimed.queue, claimed.signal, route.flow.name or "", outcome, seconds)
+            counts = self.handled.by_queue.get(claimed.queue) or self.handled.add_flow(
+                claimed.queue, claimed.signal, route.flow.name or ""
+            )
+            counts.add(DELIVERED if error is None else outcome_of(route, claimed.attempts, False), seconds)
         return watch.span.end(error) if watch.span is not None else None
