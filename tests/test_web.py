@@ -130,6 +130,7 @@ async def test_the_tui_in_a_browser_shows_the_overview_and_holds_read_only(store
             server.kill()
             _out, err = server.communicate()
     assert "Traceback" not in err, err
+    assert server.returncode == 130  # stopped by a signal, as after Ctrl-C (SPEC §10b)
 
 
 def test_the_served_command_line_carries_the_store_read_only_and_actor():

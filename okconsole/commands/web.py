@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from .common import DB_OPTION, State, fail, state_of
+from .conventions import INTERRUPTED
 from .serve import check_port
 from .session import check_sqlite_file
 
@@ -49,8 +50,33 @@ def web(
         fail(1, "okconsole web needs textual-serve (pip install textual-serve)")
     mode = " (read-only)" if state.read_only else ""
     typer.echo(f"okconsole web: http://{host}:{port} over {state.db}{mode}; Ctrl-C stops", err=True)
-    server: Any = Server(served_command(state), host=host, port=port, title="okconsole")
+
+    class Stoppable(Server):  # type: ignore[misc]
+        stopped = False
+
+        def request_exit(self) -> None:  # textual-serve's own SIGINT / SIGTERM handler
+            self.stopped = True
+            super().request_exit()
+
+    server: Any = Stoppable(served_command(state), host=host, port=port, title="okconsole")
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
     server.serve()
+    if server.stopped:
+        raise typer.Exit(INTERRUPTED)
+
+
+def _quiet_closed_loop(previous: Any) -> Any:
+    """Drop one known shutdown message: a browser session's subprocess transport is collected after
+    textual-serve closed its loop ("Event loop is closed" from its __del__), a traceback on every
+    Ctrl-C that says nothing is wrong. Every other unraisable error is reported as before."""
+
+    def hook(unraisable: Any) -> None:
+        value = unraisable.exc_value
+        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    return hook
 
 
 COMMANDS = (web,)
