@@ -184,3 +184,25 @@ def test_the_route_needs_a_gate_or_public_and_takes_no_flow():
     app = oke("metrics", database_url="sqlite+aiosqlite:///" + os.devnull + ".never")
     with pytest.raises(ValueError, match=r"GET /_oke/metrics: every HTTP route needs \.gate\(\.\.\.\) or \.public\(\)"):
         asyncio.run(app.start())
+
+
+async def test_two_processes_agree_on_the_store_and_their_counters_add_up(db_url):
+    """Two apps sharing the store (as two processes would) split the work: each serves the same
+    store gauges and its own handler counters, which sum to every run (the docs' max / sum)."""
+    s = declare()
+    first, second = oke("metrics", database_url=db_url), oke("metrics", database_url=db_url)
+    async with first, second, serving(first) as base_a, serving(second) as base_b:
+        for i in range(20):
+            await first.emit(s["ok"], {"n": i})
+        await settled(first, ["jobs.ok"])
+        a, b = parse((await scrape(base_a)).text), parse((await scrape(base_b)).text)
+    for status in ("pending", "inflight", "delivered", "dead"):
+        assert sample(a, "oke_messages", signal="jobs.ok", status=status) == \
+            sample(b, "oke_messages", signal="jobs.ok", status=status)
+    assert sample(a, "oke_messages", signal="jobs.ok", status="delivered") == 20
+
+    def handled(samples: dict) -> float:
+        return samples.get(("oke_handled_total", (("flow", "workers.ok"), ("outcome", "delivered"),
+                                                  ("signal", "jobs.ok"))), 0)
+
+    assert handled(a) + handled(b) == 20
