@@ -28,6 +28,7 @@ from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import NewMessage, Store, make_store, queue_name, registry, resolve_url
 from .store.caller import check_caller_connection
 from .store.outage import describe, is_outage
+from .telemetry import RunHooks, tracing
 from .worker import Route, WorkerPool
 
 BINDINGS_CACHE_S = registry.BINDINGS_CACHE_S
@@ -83,6 +84,7 @@ class OkeApp:
         self._bound_cache: dict[str, tuple[float, registry.Recorded]] = {}
         self._http: HttpServer | None = None
         self._appender: LiveAppender | None = None
+        self.hooks = RunHooks()  # this process's handler counters (metrics) and run spans (tracing)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> OkeApp:
@@ -119,6 +121,7 @@ class OkeApp:
             await store.close()
             raise
         self.manifest = manifest
+        self.hooks.counting = any(getattr(b.trigger, "metrics", False) for b in manifest.routes)
         self.store = store
         self._appender = LiveAppender(store, self._wake_live)
         self._stop_requested = asyncio.Event()
@@ -198,7 +201,7 @@ class OkeApp:
         flows = await self._subscribers(target, emitter)
         if target.kind == "live":
             return await self._append_live(target, encoded, parent_run_id)
-        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows, tracing.current_traceparent())
         if rows:
             await self._store_rows(store, target, rows, caller)
         return msg_id
@@ -223,7 +226,7 @@ class OkeApp:
         not_wired_yet(target, delay=delay, at=at, priority=priority)
         caller = self._caller(target, conn, "emit_many")
         flows = await self._subscribers(target, None)
-        ids, rows = rows_for_many(target, payloads, keys, flows, self.max_payload_bytes)
+        ids, rows = rows_for_many(target, payloads, keys, flows, self.max_payload_bytes, tracing.current_traceparent())
         if rows:
             await self._store_rows(store, target, rows, caller)
         return ids
@@ -322,6 +325,7 @@ class OkeApp:
             lambda: self._stop_requested.set(),
             self.emit,
             self.sse_heartbeat_s,
+            self.hooks,
         )
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
@@ -394,7 +398,13 @@ class OkeApp:
     def _runtime(self) -> Runtime:
         """What the workers and their handlers' `Fx` need of this started app (engine/runtime.py)."""
         return Runtime(
-            self._require_store(), self.worker_id, self.lease_ms, self.stop_grace_s, self._stop_requested, self.emit
+            self._require_store(),
+            self.worker_id,
+            self.lease_ms,
+            self.stop_grace_s,
+            self._stop_requested,
+            self.emit,
+            self.hooks,
         )
 
 

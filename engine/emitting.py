@@ -52,7 +52,12 @@ def pairs_of(signal: Signal, items: Iterable[Any], keys: Iterable[str | None] | 
 
 
 def rows_for_many(
-    signal: Signal, items: Iterable[Any], keys: Iterable[str | None] | None, flows: list[str], max_bytes: int
+    signal: Signal,
+    items: Iterable[Any],
+    keys: Iterable[str | None] | None,
+    flows: list[str],
+    max_bytes: int,
+    traceparent: str | None = None,
 ) -> tuple[list[str], list[NewMessage]]:
     """Every row of an emit_many, validated before any is written: a bad payload is OKE1250 naming
     its index, a bad key a TypeError / ValueError naming it, and nothing is stored."""
@@ -68,14 +73,19 @@ def rows_for_many(
         except OkeError as err:
             detail = err.data.get("detail", err.cause)
             raise OkeError.of(1250, resource=signal.name, detail=f"payload {index}: {detail}") from None
-        msg_id, more = rows_for(signal, encoded, key, None, flows)
+        msg_id, more = rows_for(signal, encoded, key, None, flows, traceparent)
         ids.append(msg_id)
         rows += more
     return ids, rows
 
 
 def rows_for(
-    signal: Signal, payload: str, key: str | None, parent_run_id: str | None, flows: list[str]
+    signal: Signal,
+    payload: str,
+    key: str | None,
+    parent_run_id: str | None,
+    flows: list[str],
+    traceparent: str | None = None,
 ) -> tuple[str, list[NewMessage]]:
     """The message id to return and the rows to store for one emit.
 
@@ -102,6 +112,7 @@ def rows_for(
             dead_letter=signal.dead_letter,
             parent_run_id=parent_run_id,
             created_at=created,
+            traceparent=traceparent,
         )
         for msg_id, flow in zip(ids, targets, strict=False)
     ]

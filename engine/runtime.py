@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from .signals import Signal
     from .store import Store
+    from .telemetry import RunHooks
 
 
 class Emit(Protocol):
@@ -60,6 +61,7 @@ class Runtime:
     stop_grace_s: float
     stop: asyncio.Event
     emit: Emit
+    hooks: RunHooks  # the app's handler counters and run spans
 
 
 def not_started(app_name: str) -> RuntimeError:
@@ -84,6 +86,7 @@ class HttpRuntime:
     request_stop: Callable[[], None]
     emit: Emit
     heartbeat_s: float
+    hooks: RunHooks | None = None  # what the metrics route reads of this process's handlers
 
     @property
     def store(self) -> Store | None:

@@ -233,10 +233,10 @@ async def test_unbind_on_a_terminal_asks_first(sqlite_url, tmp_path):
 # ------------------------------------------------------------------ the store upgrade
 
 def _downgrade_to_version_3(conn) -> None:
-    """The layout version 3 had: no run_at / priority / dedupe, no pauses table."""
+    """The layout version 3 had: no run_at / priority / dedupe / traceparent, no pauses table."""
     from sqlalchemy import text
 
-    for column in ("run_at", "priority", "dedupe"):
+    for column in ("run_at", "priority", "dedupe", "traceparent"):
         conn.execute(text(f"ALTER TABLE oke_messages DROP COLUMN {column}"))
     conn.execute(text("DROP TABLE oke_pauses"))
     conn.execute(text("UPDATE oke_meta SET value = '3' WHERE key = 'schema_version'"))
@@ -293,3 +293,4 @@ async def test_a_version_3_store_is_upgraded_in_place_and_its_messages_stay_due(
     assert seen == [1]
     assert await scalar(db_url, f"SELECT priority FROM oke_messages WHERE id = '{first}'") == 0
     assert await scalar(db_url, f"SELECT run_at FROM oke_messages WHERE id = '{first}'") is None
+    assert await scalar(db_url, f"SELECT traceparent FROM oke_messages WHERE id = '{first}'") is None

@@ -30,7 +30,7 @@ import pytest
 from engine import StoreUnavailable, flow, http, oke, on, signal
 from engine.client import Client
 from engine.flows import current_bindings
-from livekit import free_port, wait_listening
+from livekit import free_port, serving, wait_listening
 from pgcluster import PgCluster, PgClusterError
 from workers.db import fetch
 from consolekit import okconsole_cmd
@@ -416,6 +416,43 @@ async def test_console_and_cli_while_postgres_is_down(pg: PgCluster, pg_db: str)
             assert "Traceback" not in cli.stderr
         await wait(lambda: " ok" in status() and "unreachable" not in status(), "recovered on its own")
         assert console.store_ok is True
+
+
+async def test_metrics_while_postgres_is_down_serve_the_process_counters(pg: PgCluster, pg_db: str):
+    """A scrape during an outage answers 200 with oke_store_up 0 and this process's handler
+    counters (a monitoring gap would hide the outage itself); the store's gauges come back after."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    jobs = signal.once("jobs")
+    on(jobs, flow("workers.jobs", do=lambda _p, _fx: None))
+    on(http.metrics().public())
+
+    def samples(text: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("outcome", s.labels.get("status", ""))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if s.labels.get("signal", "jobs") == "jobs"}
+
+    app = oke("shop", database_url=pg_db)
+    async with app, serving(app) as base, httpx.AsyncClient(timeout=20) as client:
+        await app.emit(jobs, {"n": 1})
+        for _ in range(100):  # handled and settled
+            if samples((await client.get(f"{base}/_oke/metrics")).text).get(("oke_messages", "delivered")) == 1:
+                break
+            await asyncio.sleep(0.05)
+        async with pg_down(pg):
+            down = await client.get(f"{base}/_oke/metrics")
+        await until(lambda: _server_up(pg), 30, "the server back")
+        for _ in range(100):
+            up = await client.get(f"{base}/_oke/metrics")
+            if samples(up.text).get(("oke_store_up", "")) == 1:
+                break
+            await asyncio.sleep(0.1)
+    assert down.status_code == 200
+    during = samples(down.text)
+    assert during[("oke_store_up", "")] == 0
+    assert during[("oke_handled_total", "delivered")] == 1
+    assert ("oke_messages", "delivered") not in during
+    assert samples(up.text)[("oke_messages", "delivered")] == 1
 
 
 # --------------------------------------------------------------------------- SQLite

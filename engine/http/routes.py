@@ -18,6 +18,7 @@ from ..flows import Binding, Flow, add_binding, register_route_binder
 from ..signals import Signal
 
 LIVE_PREFIX = "/_oke/live/"
+METRICS_PATH = "/_oke/metrics"
 _PARAM = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -71,6 +72,7 @@ class Route:
     live_signal: Signal | None = None
     firehose: bool = False
     input: Any = None
+    metrics: bool = False  # GET /_oke/metrics: the Prometheus exposition (engine/http/metrics.py)
 
     def gate(self, *gates: Gate) -> Route:
         for g in gates:
@@ -164,6 +166,10 @@ class _Http:
             raise TypeError(f"http.live(): expected a signal.live(...) handle, got {signal!r}")
         return Route("GET", live_path(signal.name), live_signal=signal, firehose=True)
 
+    def metrics(self) -> Route:
+        """This process's view in the Prometheus text format at /_oke/metrics (gate it or make it public)."""
+        return Route("GET", METRICS_PATH, metrics=True)
+
 
 http = _Http()
 
@@ -171,13 +177,15 @@ http = _Http()
 def _bind_route(trigger: Any, bound: Flow | Callable[..., Any] | None) -> Any:
     if not isinstance(trigger, Route):
         return NotImplemented
-    if bound is None and trigger.live_signal is None:
+    if bound is None and trigger.live_signal is None and not trigger.metrics:
 
         def bind(target: Any) -> Flow:
             flow: Flow = _bind_route(trigger, target)
             return flow
 
         return bind
+    if trigger.metrics and bound is not None:
+        raise TypeError("on(http.metrics()): the metrics route serves the engine's figures and takes no flow")
     if bound is not None and not isinstance(bound, Flow):
         if not callable(bound):
             raise TypeError(f"on({trigger.describe()}): expected a flow, got {bound!r}")

@@ -133,9 +133,13 @@ class HttpServer:
         self.runtime = runtime
         self.firehoses: dict[str, Binding] = {}  # one per signal: a second is OKE1041 at boot
         self.routes: list[_Compiled] = []
+        self.metrics_route: Route | None = None  # GET /_oke/metrics, when the app mounts it
+        self._metrics: Any = None  # its MetricsEndpoint, made at the first scrape
         for b in bindings:
             route: Route = b.trigger
-            if route.firehose:
+            if route.metrics:
+                self.metrics_route = route
+            elif route.firehose:
                 self.firehoses[route.live_signal.name] = b  # type: ignore[union-attr]
             else:
                 self.routes.append(_Compiled(b, _compile(route.path)))
@@ -245,6 +249,8 @@ class HttpServer:
                     return await self._firehose(request, segments[2])
                 if segments == ["_oke", "exposures"] and request.method == "GET":
                     return JSONResponse({"data": self.exposures(), "error": None})
+                if segments == ["_oke", "metrics"] and self.metrics_route is not None:
+                    return await self._scrape(request, self.metrics_route)
                 return PlainTextResponse("Not Found", status_code=404)
             allowed = False
             for compiled in self.routes:
@@ -296,6 +302,21 @@ class HttpServer:
                 result = await result
             identities[g.name] = result
         return identities
+
+    async def _scrape(self, request: Request, route: Route) -> Response:
+        """The Prometheus exposition, behind the route's gates (engine/http/metrics.py)."""
+        if request.method != "GET":
+            return PlainTextResponse("Method Not Allowed", status_code=405)
+        await self._pass_gates(route, request)
+        from .metrics import MetricsEndpoint, subscriber_counts
+
+        if self._metrics is None:
+            hooks = self.runtime.hooks
+            assert hooks is not None, "an app's HTTP runtime carries its hooks"
+            self._metrics = MetricsEndpoint(hooks.handled)
+        subscribers = subscriber_counts(self.live_signals, self._hubs)
+        body = await self._metrics.scrape(self.runtime.require_store(), subscribers)
+        return Response(body, media_type=self._metrics.content_type)
 
     async def _firehose(self, request: Request, name: str) -> Response:
         exposure = self.firehoses.get(name)

@@ -9,8 +9,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
+
 from ..live import tape as live
-from ..store import Store
+from ..store import Store, schema
 
 
 @dataclass(frozen=True)
@@ -81,3 +83,12 @@ async def tape_after(
 async def live_signals(store: Store) -> list[str]:
     """Names of the signals that have a tape."""
     return await store.read(live.tape_names)
+
+
+async def tape_heads(store: Store) -> dict[str, int]:
+    """Events ever appended to each tape in its epoch (its head), by signal: one read for all."""
+
+    def heads(conn: Any) -> dict[str, int]:
+        return {row.signal: int(row.head) for row in conn.execute(select(schema.tapes.c.signal, schema.tapes.c.head))}
+
+    return await store.read(heads)

@@ -38,6 +38,7 @@ class NewMessage:
     dead_letter: bool
     parent_run_id: str | None
     created_at: int
+    traceparent: str | None = None  # the emitting span's W3C context (engine/telemetry/tracing.py)
 
 
 class Claimed(NamedTuple):
@@ -53,6 +54,7 @@ class Claimed(NamedTuple):
     payload: str
     attempts: int
     parent_run_id: str | None
+    traceparent: str | None = None  # the span contexts it carries (engine/telemetry/tracing.py)
 
 
 class Outcome(NamedTuple):
@@ -66,6 +68,7 @@ class Outcome(NamedTuple):
     ended_at: int
     code: str | None = None
     message: str | None = None
+    carried: str | None = None  # after a traced failure: the traceparent column's new value
 
 
 # Keys are indexed beside the queue name (up to 401 characters) and PostgreSQL's btree rows hold

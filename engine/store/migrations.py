@@ -11,9 +11,14 @@ _V3_COLUMNS = {
 }
 
 
-# columns version 4 added to oke_messages (run_at / dedupe NULL and priority 0: as before)
+# columns version 4 added to oke_messages (run_at / dedupe / traceparent NULL and priority 0: as before)
 _V4_COLUMNS = {
-    "oke_messages": {"run_at": "BIGINT", "priority": "INTEGER NOT NULL DEFAULT 0", "dedupe": "TEXT"},
+    "oke_messages": {
+        "run_at": "BIGINT",
+        "priority": "INTEGER NOT NULL DEFAULT 0",
+        "dedupe": "TEXT",
+        "traceparent": "TEXT",
+    },
 }
 
 
@@ -35,6 +40,6 @@ def add_binding_activity(conn: Connection) -> None:
 
 
 def add_message_timing(conn: Connection) -> None:
-    """3 -> 4: messages' run_at, priority and dedupe, added in place (the pauses table is new and
+    """3 -> 4: messages' run_at, priority, dedupe and traceparent, added in place (the pauses table is new and
     comes from create_all). Existing messages are due, of priority 0, without a dedupe key."""
     _add_columns(conn, _V4_COLUMNS)

@@ -238,7 +238,7 @@ class PostgresStore(Store):
 
 
 def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
-    """POSTGRES_INSERT's ten arrays, in emit order."""
+    """POSTGRES_INSERT's eleven arrays, in emit order."""
     return (
         [r.id for r in rows],
         [r.signal for r in rows],
@@ -250,6 +250,7 @@ def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
         [r.dead_letter for r in rows],
         [r.created_at for r in rows],
         [r.parent_run_id for r in rows],
+        [r.traceparent for r in rows],
     )
 
 
@@ -311,7 +312,16 @@ async def _fail_with_runs(
     for out in fails:
         c = out.claimed
         attempt = await conn.fetchval(
-            POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code, out.message, out.ended_at, out.run_id
+            POSTGRES_FAIL,
+            c.seq,
+            c.attempts,
+            now,
+            worker_id,
+            out.code,
+            out.message,
+            out.ended_at,
+            out.run_id,
+            out.carried,
         )
         if attempt is not None:
             held_attempts.add((c.seq, c.attempts))

@@ -12,7 +12,8 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
-# 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe); paused signals
+# 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe) and traceparent
+#    (OpenTelemetry context); paused signals
 SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
@@ -87,6 +88,9 @@ messages = Table(
     Column("priority", Integer, nullable=False, server_default=text("0")),
     # The emit's dedupe key: one pending or inflight message per (signal, dedupe).
     Column("dedupe", Text),
+    # W3C traceparent of the span that emitted it; after a traced failure also the failed attempt's
+    # (`<emitting>;<failed>`, engine/telemetry/tracing.py). NULL without OpenTelemetry.
+    Column("traceparent", Text),
 )
 
 # Signals an operator paused: no process claims their messages while a row is here. A table of

@@ -430,6 +430,7 @@ def _insert_params(rows: Sequence[NewMessage]) -> list[tuple[Any, ...]]:
             r.created_at,
             r.created_at,
             r.parent_run_id,
+            r.traceparent,
         )
         for r in rows
     ]
@@ -504,7 +505,7 @@ def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
     if out.ok:
         if raw.execute(SQLITE_ACK, fence).rowcount == 1:
             held.add((c.seq, c.attempts))
-    elif raw.execute(SQLITE_FAIL, fence).rowcount == 1:
+    elif raw.execute(SQLITE_FAIL, {**fence, "carried": out.carried}).rowcount == 1:
         held.add((c.seq, c.attempts))
         raw.execute(
             SQLITE_FAILURE_ROW,

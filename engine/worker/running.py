@@ -71,6 +71,8 @@ class Running(PoolState):
             claimed=claimed,
         )
         code = message = None
+        error: BaseException | None = None
+        watch = self.hooks.begin(route, claimed, fx)
         try:
             value = payloads.decode(route.signal, claimed.payload)
             timeout_s = route.flow.timeout_s
@@ -87,15 +89,16 @@ class Running(PoolState):
             if task is None or task.cancelling():
                 raise  # stopping: leave the message inflight, reclaimable after its lease
             # the handler's own code raised it (it awaited something cancelled): a failure
-            ok = False
+            ok, error = False, exc
             code, message = failure_code(exc), failure_message(exc)
         except Exception as exc:
-            ok = False
+            ok, error = False, exc
             code, message = failure_code(exc), failure_message(exc)
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
+        carried = self.hooks.end(watch, route, claimed, error)  # metrics and tracing (engine/telemetry)
         self.pending_outcomes.append(
-            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message)
+            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message, carried)
         )
         self.outcome_ready.set()
 

@@ -27,6 +27,7 @@ class PoolState:
             raise ValueError(f"concurrency must be an int ≥ 1, got {concurrency!r}")
         self.runtime = runtime
         self.store = runtime.store
+        self.hooks = runtime.hooks  # counts and traces each run (engine/telemetry/hooks.py)
         self.routes = routes
         self.queues = sorted(routes)
         self.concurrency = concurrency

@@ -56,6 +56,7 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "demo": ["okconsole demo", "okconsole demo --headless --seconds 30"],
     "serve": ["okconsole serve shop.app:app", "okconsole serve shop.app:create_app --port 8080 --concurrency 16"],
+    "web": ["okconsole web", "okconsole web --read-only --port 8080"],
     "tail": [
         "okconsole tail order-status",
         "okconsole tail order-status --url http://127.0.0.1:6530 --token T",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
 from .common import State, url_of
 from .session import check_sqlite_file
+from .web import WEB_DRIVER
 
 
 def version() -> str:
@@ -28,6 +30,8 @@ def _print_version(wanted: bool) -> None:
 
 
 def _on_terminal() -> bool:
+    if os.environ.get("TEXTUAL_DRIVER") == WEB_DRIVER:
+        return True  # a browser session of `okconsole web`: textual-serve relays the screen
     try:
         return sys.stdin.isatty() and sys.stdout.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stream

@@ -26,7 +26,7 @@ UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = att
                AND (o.seq < m.seq
                     OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
     ORDER BY m.seq LIMIT :limit)
-RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id
+RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent
 """
 
 
@@ -62,7 +62,7 @@ UPDATE oke_messages AS u
    SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
        lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
   FROM picked, clock WHERE u.seq = picked.seq
-RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id
+RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id, u.traceparent
 """
 
 

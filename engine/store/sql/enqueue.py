@@ -11,23 +11,24 @@ from __future__ import annotations
 # bounds the arrays (PostgreSQL) and the parameter lists (SQLite) a statement carries.
 ENQUEUE_CHUNK = 5_000
 
-# -- SQLite: one row of 11 parameters per message.
+# -- SQLite: one row of 12 parameters per message.
 SQLITE_INSERT = """
 INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                          dead_letter, created_at, updated_at, parent_run_id, replays)
-VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, 0)
+                          dead_letter, created_at, updated_at, parent_run_id, replays, traceparent)
+VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, 0, ?)
 """
 
-# -- PostgreSQL: $1 … $10 are the columns as arrays, in emit order.
+# -- PostgreSQL: $1 … $11 are the columns as arrays, in emit order.
 POSTGRES_INSERT = """
 WITH ins AS (
   INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                            dead_letter, created_at, updated_at, parent_run_id, replays)
+                            dead_letter, created_at, updated_at, parent_run_id, replays, traceparent)
   SELECT t.id, t.signal, t.queue, t.flow, t.key, t.payload, 'pending', 0, t.retries,
-         t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0
+         t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0, t.traceparent
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-                $8::bool[], $9::bigint[], $10::text[]) WITH ORDINALITY
-         AS t(id, signal, queue, flow, key, payload, retries, dead_letter, created_at, parent_run_id, ord)
+                $8::bool[], $9::bigint[], $10::text[], $11::text[]) WITH ORDINALITY
+         AS t(id, signal, queue, flow, key, payload, retries, dead_letter, created_at, parent_run_id,
+              traceparent, ord)
    ORDER BY t.ord
   RETURNING queue)
 SELECT pg_notify('oke_wake', q) FROM (SELECT DISTINCT queue AS q FROM ins) AS d

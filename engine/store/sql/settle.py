@@ -51,7 +51,8 @@ UPDATE oke_messages
    SET status = CASE WHEN attempts <= retries THEN 'pending'
                      WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
        finished_at = CASE WHEN attempts <= retries THEN NULL ELSE :now END,
-       locked_by = NULL, lease_expires_at = NULL, updated_at = :now
+       locked_by = NULL, lease_expires_at = NULL, updated_at = :now,
+       traceparent = COALESCE(:carried, traceparent)
  WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
 """
 
@@ -104,7 +105,8 @@ WITH u AS (
      SET status = CASE WHEN attempts <= retries THEN 'pending'
                        WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
          finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3::bigint END,
-         locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint
+         locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint,
+         traceparent = COALESCE($9::text, traceparent)
    WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
   RETURNING id, attempts, status)
 INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
