@@ -35,6 +35,15 @@ def _listed(items: list[str]) -> str:
     return "; ".join(items[:SHOWN]) + more
 
 
+def _age(ms: int) -> str:
+    """A wait as a person says it: 45 s, 6 min, 2 h 05 min."""
+    if ms < 60_000:
+        return f"{ms // 1000} s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000} min"
+    return f"{ms // 3_600_000} h {ms % 3_600_000 // 60_000:02d} min"
+
+
 def schema_version(conn: Connection) -> DoctorCheck:
     found = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).scalar()
     mine = schema.SCHEMA_VERSION
@@ -68,7 +77,7 @@ def orphaned_leases(conn: Connection, orphan_after_ms: int = ORPHAN_AFTER_MS) ->
     return DoctorCheck(
         "orphaned leases",
         "warn",
-        f"{total} message(s) held by workers not seen for {orphan_after_ms // 1000} s: {_listed(holders)}. "
+        f"{total} message(s) held by workers not seen for {_age(orphan_after_ms)}: {_listed(holders)}. "
         f"They run again when their lease expires; see okconsole workers, and okconsole show {sample} "
         "for when; a holder that is still running is stuck (check its host and process).",
     )
@@ -141,8 +150,8 @@ def old_due_messages(conn: Connection, due_after_ms: int = DUE_AFTER_MS) -> Doct
         if oldest is not None and now - int(oldest) > due_after_ms:
             late.append((s.signal, now - int(oldest), s.pending))
     if not late:
-        return DoctorCheck("due messages", "ok", f"no due message has waited more than {due_after_ms // 60_000} min")
-    items = [f"{name}: oldest due {age // 60_000} min ago, {n} pending" for name, age, n in late]
+        return DoctorCheck("due messages", "ok", f"no due message has waited more than {_age(due_after_ms)}")
+    items = [f"{name}: oldest due {_age(age)} ago, {n} pending" for name, age, n in late]
     return DoctorCheck(
         "due messages",
         "warn",
