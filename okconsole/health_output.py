@@ -10,6 +10,21 @@ from engine.ops import DoctorCheck, WorkerInfo
 from .cli_tables import KEEP, WRAP, Column, Grid, render
 from .output import duration, when
 
+# what tells stuck from slow first; a narrow terminal drops App, Started and Pid
+WORKER_COLUMNS = (
+    "Worker",
+    "State",
+    "Leases",
+    "Orphaned",
+    "Last seen",
+    "Held",
+    "Concurrency",
+    "App",
+    "Host",
+    "Pid",
+    "Started",
+)
+NUMERIC = {"Pid", "Concurrency", "Held", "Leases"}
 STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknown": "bold red"}
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -23,34 +38,20 @@ def render_workers(out: Console, rows: list[WorkerInfo], db: str) -> None:
     if not rows:
         out.print(f"No worker seen in the last hour in {escape(db)}.")
         return
-    names = (
-        "Worker",
-        "State",
-        "App",
-        "Host",
-        "Pid",
-        "Concurrency",
-        "Held",
-        "Leases",
-        "Orphaned",
-        "Last seen",
-        "Started",
-    )
-    numeric = {"Pid", "Concurrency", "Held", "Leases"}
-    table = Grid([Column(n, KEEP, n in numeric) for n in names], drop=("App", "Started", "Pid"))
+    table = Grid([Column(n, KEEP, n in NUMERIC) for n in WORKER_COLUMNS], drop=("App", "Started", "Pid"))
     for w in rows:
         seen = "never recorded" if w.seen_ago_ms is None else f"{duration(w.seen_ago_ms)} ago"
         table.add(
             escape(w.worker_id),
             f"[{STATE_STYLE.get(w.state, '')}]{w.state}[/]",
-            escape(w.app or "-"),
-            escape(w.host or "-"),
-            "-" if w.pid is None else str(w.pid),
-            "-" if w.concurrency is None else str(w.concurrency),
-            str(w.held),
             str(w.leases),
             orphaned_cell(w.orphaned),
             seen,
+            str(w.held),
+            "-" if w.concurrency is None else str(w.concurrency),
+            escape(w.app or "-"),
+            escape(w.host or "-"),
+            "-" if w.pid is None else str(w.pid),
             when(w.started_at),
         )
     render(out, table)

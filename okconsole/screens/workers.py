@@ -16,7 +16,8 @@ from .. import fmt
 from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
 
-COLUMNS = ("worker", "state", "app", "host", "pid", "concurrency", "held", "leases", "orphaned", "seen", "started")
+# what tells stuck from slow first: at 80 columns the rest is a horizontal scroll away
+COLUMNS = ("worker", "state", "leases", "orphaned", "seen", "held", "concurrency", "app", "host", "pid", "started")
 LABELS = {"seen": "Last seen", "concurrency": "Conc."}
 STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknown": "bold red"}
 
@@ -28,14 +29,14 @@ def worker_cells(w: ops.WorkerInfo) -> list[Any]:
     return [
         w.worker_id,
         Text(w.state, style=STATE_STYLE.get(w.state, "")),
-        w.app or "—",
-        w.host or "—",
-        "—" if w.pid is None else str(w.pid),
-        "—" if w.concurrency is None else str(w.concurrency),
-        str(w.held),
         str(w.leases),
         orphaned,
         seen,
+        str(w.held),
+        "—" if w.concurrency is None else str(w.concurrency),
+        w.app or "—",
+        w.host or "—",
+        "—" if w.pid is None else str(w.pid),
         fmt.clock(w.started_at),
     ]
 
@@ -77,7 +78,8 @@ def summary(found: list[ops.WorkerInfo]) -> str:
     """The line above the table: how many run, and the orphaned leases in words."""
     running = sum(1 for w in found if w.state == "running")
     orphaned = sum(w.orphaned for w in found)
-    line = f"{running} running of {len(found)} seen in the last hour · {sum(w.leases for w in found)} leases held"
+    leases = sum(w.leases for w in found)
+    line = f"{running} running of {len(found)} seen in the last hour · {leases} lease{'' if leases == 1 else 's'} held"
     if orphaned:
         line += (
             f" · [b red]⚠ {orphaned} orphaned[/]: held by workers not seen for 30 s, stuck (not slow) "
