@@ -20,6 +20,9 @@ from .store import workers as registry
 from .store.outage import describe, is_outage
 
 DEFAULT_INTERVAL_S = 5.0  # SPEC §13: at least every 5 s
+# The start and the stop are awaited by the pool's run: a store that hangs (a network blackhole)
+# must not hold the workers' start, or a cancelled drain's return, for longer than this.
+EDGE_WAIT_S = 5.0
 log = logging.getLogger("engine.heartbeat")
 
 
@@ -44,7 +47,12 @@ class WorkerHeartbeat:
         self._recorded = False  # the start is written (until then each beat tries the start again)
 
     async def __aenter__(self) -> WorkerHeartbeat:
-        await self._beat()
+        try:
+            await asyncio.wait_for(self._beat(), EDGE_WAIT_S)
+        except TimeoutError:
+            log.warning(
+                "worker %s: the store did not record its start in %.0fs; beating on", self.worker_id, EDGE_WAIT_S
+            )
         self._task = asyncio.create_task(self._loop(), name="oke-worker-heartbeat")
         return self
 
@@ -56,9 +64,12 @@ class WorkerHeartbeat:
             await asyncio.gather(self._task, return_exceptions=True)
         held = self.held()
         try:
-            await self.store.write(lambda conn: registry.stopped(conn, self.worker_id, held))
+            await asyncio.wait_for(
+                self.store.write(lambda conn: registry.stopped(conn, self.worker_id, held)), EDGE_WAIT_S
+            )
         except Exception as err:  # the store is away: the row ages out as a worker not seen
-            log.warning("could not record worker %s as stopped (%s)", self.worker_id, describe(err))
+            why = "no answer" if isinstance(err, TimeoutError) else describe(err)
+            log.warning("could not record worker %s as stopped (%s)", self.worker_id, why)
 
     async def _loop(self) -> None:
         while True:
