@@ -18,6 +18,7 @@ from .durations import parse_duration_ms
 from .emitting import check_emit_key, not_wired_yet, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
+from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
@@ -52,6 +53,7 @@ class OkeApp:
         sse_heartbeat_s: float = 15.0,
         busy_timeout_ms: int | None = None,
         binding_ttl: str = registry.DEFAULT_BINDING_TTL,
+        worker_heartbeat_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -78,6 +80,7 @@ class OkeApp:
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
         self.busy_timeout_ms = busy_timeout_ms
         self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
+        self.worker_heartbeat_s = _heartbeat_s(worker_heartbeat_s)  # how often a running pool records itself
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
@@ -363,17 +366,28 @@ class OkeApp:
         """Run workers until no message of this app's flows is eligible (tests, scripts)."""
         runtime = self._runtime()
         self._stop_requested.clear()
-        await WorkerPool(runtime, self._routes(), concurrency).run(until_idle=True)
+        pool = WorkerPool(runtime, self._routes(), concurrency)
+        async with self._worker_heartbeat(pool):
+            await pool.run(until_idle=True)
 
     async def run(self, concurrency: int = 8) -> None:
         """Run workers until `stop()`, refreshing this app's bindings' last_seen meanwhile."""
         runtime = self._runtime()
+        pool = WorkerPool(runtime, self._routes(), concurrency)
         heartbeat = asyncio.create_task(self._heartbeat(), name="oke-bindings-heartbeat")
         try:
-            await WorkerPool(runtime, self._routes(), concurrency).run(until_idle=False)
+            async with self._worker_heartbeat(pool):
+                await pool.run(until_idle=False)
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
+
+    def _worker_heartbeat(self, pool: WorkerPool) -> WorkerHeartbeat:
+        """This pool's row in oke_workers (SPEC §13): recorded before it claims, beating while it runs."""
+        store = self._require_store()
+        return WorkerHeartbeat(
+            store, self.worker_id, self.name, pool.concurrency, lambda: pool.held, self.worker_heartbeat_s
+        )
 
     async def _heartbeat(self) -> None:
         """Every BINDING_HEARTBEAT_S: this app still runs its flows (keeps them active, SPEC §6)."""
@@ -418,6 +432,14 @@ def _binding_ttl_ms(ttl: object) -> int:
             f'unit (ms, s, m, h, d), e.g. "7d"'
         )
     return ms
+
+
+def _heartbeat_s(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"oke(worker_heartbeat_s=...): seconds in (0, 5], got {value!r}")
+    if not 0 < value <= DEFAULT_INTERVAL_S:
+        raise ValueError(f"oke(worker_heartbeat_s=...): seconds in (0, 5], got {value!r}")
+    return float(value)
 
 
 def _warn_of_other_once_flows(manifest: Manifest, recent: dict[str, list[str]]) -> None:

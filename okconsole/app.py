@@ -25,8 +25,9 @@ from .screens.modals import HelpScreen, PromptScreen
 from .screens.overview import OverviewScreen
 from .screens.tail import TailScreen
 from .screens.trace import TraceScreen
+from .screens.workers import WorkersScreen
 
-JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · signals"
+JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · workers · signals"
 STATUSES = ("pending", "inflight", "delivered", "dead")
 SIGNAL_VERBS = {
     "dlq": "queue",
@@ -107,6 +108,9 @@ class ConsoleApp(App[None]):
     def open_audit(self) -> None:
         self.push_screen(AuditScreen())
 
+    def open_workers(self) -> None:
+        self.push_screen(WorkersScreen())
+
     def open_signals(self) -> None:
         while len(self.screen_stack) > 2:
             self.pop_screen()
@@ -122,7 +126,7 @@ class ConsoleApp(App[None]):
                 choices.append(f"tail {name}")
             else:
                 choices += [f"dlq {name}", f"messages {name}"] + [f"messages {name} {s}" for s in STATUSES]
-        return choices + ["audit", "signals", "trace ", "show "]
+        return choices + ["audit", "workers", "signals", "trace ", "show "]
 
     def action_jump(self) -> None:
         self.push_screen(
@@ -198,6 +202,8 @@ class ConsoleApp(App[None]):
             self.open_messages(args[0], status)
         elif verb == "audit" and not args:
             self.open_audit()
+        elif verb == "workers" and not args:
+            self.open_workers()
         elif verb in ("signals", "overview", "home") and not args:
             self.open_signals()
         else:
@@ -208,6 +214,7 @@ class ConsoleApp(App[None]):
         yield SystemCommand("Signals overview", "Back to the list of signals", self.open_signals)
         yield SystemCommand("Jump…", f"Go to: {JUMPS}", self.action_jump)
         yield SystemCommand("Audit log", "Every replay and purge, who and why", self.open_audit)
+        yield SystemCommand("Workers", "Who holds the leases; orphaned ones marked", self.open_workers)
         yield SystemCommand("Help", "Keys and commands", self.action_help)
         for binding in screen.BINDINGS:
             if isinstance(binding, Binding) and binding.description:

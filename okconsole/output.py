@@ -35,6 +35,7 @@ from . import fmt
 from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
 from .styles import DEAD_STYLE, status_markup
 
+ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
 PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
 
 
@@ -293,6 +294,7 @@ def render_show(out: Console, d: MessageDetail) -> None:
         rows.append(
             ("reclaimable", "[yellow]yes: the lease has expired[/]" if d.lease.reclaimable else "no: the lease holds")
         )
+        rows.append(("orphaned", ORPHANED if d.lease.orphaned else "no: its holder was seen in the last 30 s"))
     if d.blocked_by is not None:
         b = d.blocked_by
         rows.append(

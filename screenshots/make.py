@@ -9,9 +9,12 @@ screen and saves each with `App.save_screenshot`.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -89,6 +92,29 @@ async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
     return saved
 
 
+async def leave_an_orphaned_lease(url: str, tmp: str) -> float:
+    """A real second worker takes a message and is SIGKILLed holding its lease; returns when it died."""
+    ready = Path(tmp) / "dead-worker-ready"
+    proc = subprocess.Popen([sys.executable, str(HERE / "dead_worker.py"), url, str(ready)])
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"dead_worker.py exited with {proc.returncode}")
+        await asyncio.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    return time.monotonic()
+
+
+async def shoot_workers(url: str, out: Path, size: tuple[int, int]) -> None:
+    app = ConsoleApp(url, refresh_s=0.5)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
+        app.jump("workers")
+        await settle(pilot, lambda: app.screen.query_one("#workers").row_count >= 2)
+        await pilot.pause(1.0)
+        app.save_screenshot("workers.svg", str(out))
+
+
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite+aiosqlite:///{tmp}/oke.db"
@@ -99,6 +125,11 @@ async def main() -> None:
             saved = []
             for size, out in SIZES.items():
                 saved += [f"{out.relative_to(HERE.parent)}/{n}.svg" for n in await shoot(url, out, size)]
+            killed = await leave_an_orphaned_lease(url, tmp)
+            await asyncio.sleep(max(0.0, killed + 31 - time.monotonic()))  # not seen for 30 s: orphaned
+            for size, out in SIZES.items():
+                await shoot_workers(url, out, size)
+                saved.append(f"{out.relative_to(HERE.parent)}/workers.svg")
         finally:
             await demo.stop()
     print("wrote", ", ".join(saved))

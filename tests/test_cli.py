@@ -173,7 +173,8 @@ def test_show_json_has_payload_failures_lease_blocker_and_trace(db_url, shop):
     assert [(f["code"], f["attempt"]) for f in data["failures"]] == [("E_BOOM", 1), ("E_BOOM", 2)]
     assert all(set(f) == {"code", "message", "at", "attempt"} and isinstance(f["at"], int)
                for f in data["failures"])
-    assert data["lease"] == {"locked_by": None, "lease_expires_at": None, "reclaimable": False}
+    assert data["lease"] == {"locked_by": None, "lease_expires_at": None, "reclaimable": False,
+                            "orphaned": False}
     assert data["blocked_by"] is None
     assert [r["attempt"] for r in data["runs"]] == [1, 2]
     assert [t["message_id"] for t in data["trace"]] == [ids["bad1"], ids["bad1"]]

@@ -121,6 +121,7 @@ async def test_inflight_lease_blocker_and_reclaimable(db_url):
         assert held.lease.locked_by == "ops-test-worker"
         assert held.lease.lease_expires_at is not None
         assert held.lease.reclaimable is False
+        assert held.lease.orphaned is False  # its holder (this app's drain) beats
         blocked = await ops.show(app.store, second)
         assert blocked.blocked_by is not None and blocked.blocked_by.id == first
         assert blocked.blocked_by.status == "inflight"
@@ -129,6 +130,7 @@ async def test_inflight_lease_blocker_and_reclaimable(db_url):
         await asyncio.sleep(0.45)  # the lease (300 ms) runs out while the handler still runs
         expired = await ops.show(app.store, first)
         assert expired.status == "inflight" and expired.lease.reclaimable is True
+        assert expired.lease.orphaned is False  # slow, not stuck: the holder is alive
 
         release.set()
         await asyncio.wait_for(drain, 20)
@@ -221,7 +223,7 @@ async def test_show_has_payload_failures_and_the_trace(db_url):
                                                                       ("w.child", 2, "failed")]
     data = ops.to_json(detail)
     assert json.loads(json.dumps(data)) == data
-    assert set(data["lease"]) == {"locked_by", "lease_expires_at", "reclaimable"}
+    assert set(data["lease"]) == {"locked_by", "lease_expires_at", "reclaimable", "orphaned"}
 
 
 async def test_trace_walks_up_to_the_root_and_down_to_every_child(db_url):

@@ -26,8 +26,11 @@ from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
 from ..store.wake import wake_local
+from . import doctor as _doctor
 from . import queries, repair, unbinding
 from . import trace as _trace
+from . import workers as _workers
+from .doctor import DUE_AFTER_MS, DoctorCheck
 from .records import (
     STATUSES,
     AuditEntry,
@@ -57,12 +60,14 @@ from .records import (
     to_json,
 )
 from .repair import UNCHANGED, default_actor
+from .workers import ORPHAN_AFTER_MS, SEEN_WITHIN_MS, WorkerInfo
 
 __all__ = [
     "AuditEntry",
     "BindingInfo",
     "Blocker",
     "DeadLetter",
+    "DoctorCheck",
     "EmittedMessage",
     "Failure",
     "FailureGroup",
@@ -85,11 +90,14 @@ __all__ = [
     "UnknownRun",
     "UnknownSignal",
     "UnvalidatedPayload",
+    "WorkerInfo",
     "audit",
     "binding",
     "bindings",
     "dead_letters",
     "default_actor",
+    "doctor",
+    "doctor_schema_too_new",
     "failures",
     "known_signals",
     "message_page",
@@ -102,6 +110,7 @@ __all__ = [
     "to_json",
     "trace",
     "unbind",
+    "workers",
 ]
 
 
@@ -175,9 +184,30 @@ async def messages(
             return found
 
 
-async def show(store: Store, message_id: str) -> MessageDetail:
-    """One message: payload, every failure (replay markers too), lease, what blocks it, its trace."""
-    return await store.read(lambda conn: queries.show(conn, message_id))
+async def show(store: Store, message_id: str, *, orphan_after_ms: int = ORPHAN_AFTER_MS) -> MessageDetail:
+    """One message: payload, every failure (replay markers too), lease (orphaned when its holder has
+    not been seen for `orphan_after_ms`), what blocks it, its trace."""
+    return await store.read(lambda conn: queries.show(conn, message_id, orphan_after_ms))
+
+
+async def workers(
+    store: Store, *, seen_within_ms: int = SEEN_WITHIN_MS, orphan_after_ms: int = ORPHAN_AFTER_MS
+) -> list[WorkerInfo]:
+    """Workers seen in the last hour (by default), each with its leases and how many are orphaned
+    (its holder not seen for `orphan_after_ms`), then lease holders with no record (state unknown)."""
+    return await store.read(lambda conn: _workers.workers(conn, seen_within_ms, orphan_after_ms))
+
+
+async def doctor(
+    store: Store, *, orphan_after_ms: int = ORPHAN_AFTER_MS, due_after_ms: int = DUE_AFTER_MS
+) -> list[DoctorCheck]:
+    """The store's health, one `DoctorCheck` per check (SPEC §13), each detail naming what to do."""
+    return await store.read(lambda conn: _doctor.checks(conn, orphan_after_ms, due_after_ms))
+
+
+def doctor_schema_too_new(error: Exception) -> list[DoctorCheck]:
+    """Doctor's report on a store this okengine cannot open: its schema is newer."""
+    return [_doctor.too_new(error)]
 
 
 async def dead_letters(store: Store, signal: str, limit: int | None = None) -> list[DeadLetter]:

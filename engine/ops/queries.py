@@ -36,6 +36,7 @@ from .records import (
     UnknownMessage,
     UnknownSignal,
 )
+from .workers import ORPHAN_AFTER_MS, lease_orphaned
 
 m = schema.messages
 f = schema.failures
@@ -247,7 +248,7 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
     ]
 
 
-def show(conn: Connection, message_id: str) -> MessageDetail:
+def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_MS) -> MessageDetail:
     row = conn.execute(select(m).where(m.c.id == message_id)).first()
     if row is None:
         raise UnknownMessage([message_id], None, known_signals(conn))
@@ -256,6 +257,7 @@ def show(conn: Connection, message_id: str) -> MessageDetail:
         locked_by=row.locked_by,
         lease_expires_at=row.lease_expires_at,
         reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
+        orphaned=lease_orphaned(conn, row.status, row.locked_by, orphan_after_ms),
     )
     blocker = None
     if row.key is not None and row.status in ("pending", "inflight"):

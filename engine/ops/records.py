@@ -169,6 +169,7 @@ class Lease:
     locked_by: str | None
     lease_expires_at: int | None
     reclaimable: bool  # inflight and its lease has expired: the next claim takes it over
+    orphaned: bool = False  # inflight and its holder is gone (not seen for 30 s): stuck, not slow
 
 
 @dataclass(frozen=True)

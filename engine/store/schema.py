@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
 # 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe) and traceparent
-#    (OpenTelemetry context); paused signals
+#    (OpenTelemetry context); paused signals; the workers' heartbeats (oke_workers: a new table)
 SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
@@ -102,6 +102,23 @@ pauses = Table(
     Column("paused_at", BigInteger, nullable=False),
     Column("actor", String(200), nullable=False),
     Column("reason", Text),
+)
+
+
+# Every running worker pool, upserted at its start and by its heartbeat (engine/heartbeat.py); times by
+# the store's lease clock. A clean stop sets stopped_at; rows not seen for an hour are deleted.
+workers = Table(
+    "oke_workers",
+    metadata,
+    Column("worker_id", String(200), primary_key=True),
+    Column("app", String(200), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", BigInteger, nullable=False),
+    Column("last_seen", BigInteger, nullable=False),
+    Column("stopped_at", BigInteger),
+    Column("concurrency", Integer, nullable=False),
+    Column("held", Integer, nullable=False),  # leases the pool held at its last beat
 )
 
 

@@ -36,6 +36,8 @@ EXAMPLES: dict[str, list[str]] = {
     "failures": ["okconsole failures shop.email", "okconsole failures shop.email --json"],
     "audit": ["okconsole audit", "okconsole audit --limit 20 --json"],
     "bindings": ["okconsole bindings", "okconsole bindings --json | jq '.[] | select(.active | not)'"],
+    "workers": ["okconsole workers", "okconsole workers --json | jq '.[] | select(.orphaned > 0)'"],
+    "doctor": ["okconsole doctor", "okconsole doctor --json | jq '.[] | select(.status != \"ok\")'"],
     "unbind": [
         "okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
         "okconsole unbind catalog.changed search.reindex --yes --json",

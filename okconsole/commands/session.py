@@ -49,14 +49,24 @@ async def _with_store(url: str, fn: Callable[[ops.Store], Awaitable[T]]) -> T:
         await store.close()
 
 
-def run(state: State, fn: Callable[[ops.Store], Awaitable[T]]) -> T:
-    """Open the store, run `fn`, close it; map failures to exit codes and one-line reasons."""
+def run(
+    state: State,
+    fn: Callable[[ops.Store], Awaitable[T]],
+    *,
+    schema_too_new: Callable[[SchemaTooNew], T] | None = None,
+) -> T:
+    """Open the store, run `fn`, close it; map failures to exit codes and one-line reasons
+    (a store whose schema is newer than this okengine's goes to `schema_too_new` when given)."""
     check_sqlite_file(state.db)
     try:
         return asyncio.run(_with_store(state.db, fn))
     except (ops.UnknownSignal, ops.UnknownMessage, ops.UnknownRun, OkeError) as err:
         fail(2, str(err))
-    except (StoreUnavailable, SchemaTooNew) as err:
+    except SchemaTooNew as err:
+        if schema_too_new is None:
+            fail(1, str(err))
+        return schema_too_new(err)
+    except StoreUnavailable as err:
         fail(1, str(err))
     except SQLAlchemyError as err:
         orig = getattr(err, "orig", None)

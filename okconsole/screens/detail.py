@@ -83,6 +83,8 @@ class DetailScreen(ConsoleScreen):
             left = (lease.lease_expires_at or 0) - fmt.now_ms()
             state = "[b yellow]reclaimable now[/]" if lease.reclaimable else f"{fmt.span(left)} left"
             lines.append(f"lease: held by {lease.locked_by} · {state}")
+            if lease.orphaned:
+                lines.append("[b red]⚠ orphaned[/]: its holder has not been seen for 30 s (stuck, not slow; :workers)")
         else:
             lines.append("lease: none")
         if d.blocked_by is not None:

@@ -1,7 +1,7 @@
 """A worker process for the once concurrency tests.
 
     python tests/workers/once_worker.py MODE --url URL --dir DIR --worker-id ID [--lease-ms N]
-                                        [--concurrency N] [--hold] [--clock-skew-ms N]
+                                        [--concurrency N] [--hold] [--clock-skew-ms N] [--heartbeat-s S]
 
 It declares the signal and flow of MODE, boots `oke(...)` on URL, writes DIR/ready-<ID>, (with
 --hold waits for DIR/go,) and runs `app.run(concurrency=N)` until DIR/stop exists. Handlers record what they do as lines appended
@@ -117,6 +117,7 @@ async def main() -> None:
     parser.add_argument("--hold", action="store_true", help="after boot, wait for DIR/go before running")
     parser.add_argument("--clock-skew-ms", type=int, default=0,
                         help="run as on a machine whose wall clock is this far ahead")
+    parser.add_argument("--heartbeat-s", type=float, default=5.0, help="the worker heartbeat interval")
     args = parser.parse_args()
     if args.clock_skew_ms:
         real_time = time.time
@@ -124,7 +125,7 @@ async def main() -> None:
 
     declare(args.mode, args.dir, args.worker_id, args.lease_ms, args.url)
     app = oke(f"worker-{args.mode}", database_url=args.url, lease_ms=args.lease_ms,
-              worker_id=args.worker_id)
+              worker_id=args.worker_id, worker_heartbeat_s=args.heartbeat_s)
     stop_file = args.dir / "stop"
 
     async def watch_stop() -> None:

@@ -1,0 +1,88 @@
+"""The workers screen (`:workers`): every worker seen in the last hour, its leases, and the orphaned
+ones marked (held by a worker not seen for 30 s: stuck until the lease expires, not slow)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from engine import ops
+
+from .. import fmt
+from ..widgets.tui_tables import sync_rows
+from .base import ConsoleScreen, text_filter
+
+# what tells stuck from slow first: at 80 columns the rest is a horizontal scroll away
+COLUMNS = ("worker", "state", "leases", "orphaned", "seen", "held", "concurrency", "app", "host", "pid", "started")
+LABELS = {"seen": "Last seen", "concurrency": "Conc."}
+STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknown": "bold red"}
+
+
+def worker_cells(w: ops.WorkerInfo) -> list[Any]:
+    """One worker's row, as a person reads it: orphaned leases in red with a ⚠."""
+    orphaned = Text(f"⚠ {w.orphaned} orphaned", style="bold red") if w.orphaned else Text("0")
+    seen = "never recorded" if w.seen_ago_ms is None else f"{fmt.span(w.seen_ago_ms)} ago"
+    return [
+        w.worker_id,
+        Text(w.state, style=STATE_STYLE.get(w.state, "")),
+        str(w.leases),
+        orphaned,
+        seen,
+        str(w.held),
+        "—" if w.concurrency is None else str(w.concurrency),
+        w.app or "—",
+        w.host or "—",
+        "—" if w.pid is None else str(w.pid),
+        fmt.clock(w.started_at),
+    ]
+
+
+class WorkersScreen(ConsoleScreen):
+    TITLE_TEXT = "workers"
+    BINDINGS = [Binding("y", "copy_id", "Copy worker id")]
+
+    def body(self) -> ComposeResult:
+        yield Static("", id="workers-summary")
+        table: DataTable[Any] = DataTable(id="workers", cursor_type="row", zebra_stripes=True)
+        for key in COLUMNS:
+            table.add_column(LABELS.get(key, key.capitalize()), key=key)
+        yield table
+
+    def focus_main(self) -> None:
+        self.query_one("#workers", DataTable).focus()
+
+    async def load(self) -> None:
+        found = await self.console.data.call(ops.workers)
+        keep = text_filter(self.filter_text) if self.filter_text else None
+        rows = []
+        for w in found:
+            cells = worker_cells(w)
+            if keep is None or keep(" ".join(str(c) for c in cells)):
+                rows.append((w.worker_id, cells))
+        sync_rows(self.query_one("#workers", DataTable), rows, COLUMNS)
+        self.query_one("#workers-summary", Static).update(summary(found))
+
+    def action_copy_id(self) -> None:
+        table = self.query_one("#workers", DataTable)
+        if not table.row_count:
+            self.copy_id(None)
+            return
+        self.copy_id(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+
+def summary(found: list[ops.WorkerInfo]) -> str:
+    """The line above the table: how many run, and the orphaned leases in words."""
+    running = sum(1 for w in found if w.state == "running")
+    orphaned = sum(w.orphaned for w in found)
+    leases = sum(w.leases for w in found)
+    line = f"{running} running of {len(found)} seen in the last hour · {leases} lease{'' if leases == 1 else 's'} held"
+    if orphaned:
+        line += (
+            f" · [b red]⚠ {orphaned} orphaned[/]: held by workers not seen for 30 s, stuck (not slow) "
+            "until their leases expire"
+        )
+    return line
