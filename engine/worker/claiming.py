@@ -10,12 +10,13 @@ from ..store import Claimed
 from ..store.outage import is_outage
 from ..store.wake import Waker
 from .claim_ahead import ClaimAhead, ewma
+from .pausing import Pausing
 from .settling import Settling
 from .state import log
 from .waiting import IDLE_POLL_S, Backoff, wait_any
 
 
-class Claiming(ClaimAhead, Settling):
+class Claiming(ClaimAhead, Settling, Pausing):
     """The claim lanes of a pool."""
 
     async def _claim_loop(self, waker: Waker, until_idle: bool) -> None:
@@ -47,6 +48,9 @@ class Claiming(ClaimAhead, Settling):
         """One claim of up to `size` messages and when it was sent; None after an outage, once the
         back-off is waited out (until then its size and outcomes count as in flight)."""
         waker.clear()
+        queues = await self._claimable_queues()
+        if not queues:  # every signal of this pool is paused: nothing to claim (outcomes go to the settler)
+            return [], time.monotonic()
         outcomes = self._outcomes_for_claim()
         self.requested += size
         started = time.monotonic()
@@ -54,10 +58,10 @@ class Claiming(ClaimAhead, Settling):
         try:
             if outcomes:
                 _held, batch = await self.store.settle_and_claim(
-                    runtime.worker_id, outcomes, self.queues, runtime.lease_ms, size
+                    runtime.worker_id, outcomes, queues, runtime.lease_ms, size
                 )
             else:
-                batch = await self.store.claim(self.queues, runtime.worker_id, runtime.lease_ms, size)
+                batch = await self.store.claim(queues, runtime.worker_id, runtime.lease_ms, size)
             backoff.reset()
             self.store_back.set()
             self.claim_s = ewma(self.claim_s, time.monotonic() - started)
@@ -107,7 +111,9 @@ class Claiming(ClaimAhead, Settling):
         # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
         # into empty claims for as long as a handler runs. A finished handler (the drain may
         # be over), a settle (work may be eligible again) or an emit is what counts here.
-        await wait_any(self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=IDLE_POLL_S)
+        await wait_any(
+            self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=self._idle_poll_s(IDLE_POLL_S)
+        )
         self.handler_done.clear()
         self.settled.clear()
         return False
@@ -115,7 +121,10 @@ class Claiming(ClaimAhead, Settling):
     async def _wait_for_work(self, waker: Waker) -> None:
         """The queues are empty: wait for a wake-up (an emit, a notification), a stop, or the poll."""
         self._claim_idle()
-        waits = [asyncio.ensure_future(waker.wait(IDLE_POLL_S)), asyncio.ensure_future(self.runtime.stop.wait())]
+        waits = [
+            asyncio.ensure_future(waker.wait(self._idle_poll_s(IDLE_POLL_S))),
+            asyncio.ensure_future(self.runtime.stop.wait()),
+        ]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
             w.cancel()
