@@ -22,11 +22,15 @@ class Pausing(PoolState):
     """The claimable queues, kept in step with the store's paused set."""
 
     async def _claimable_queues(self) -> list[str]:
-        """The pool's queues whose signal is not paused (re-read when the last read is stale)."""
-        now = time.monotonic()
-        if now - self.paused_read_at >= PAUSE_REFRESH_S:
-            self.paused_read_at = now
-            await self._read_paused()
+        """The pool's queues whose signal is not paused (re-read when the last read is stale). The
+        lanes share one read: a lane never claims with the old set while another lane reads."""
+        if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
+            async with self.paused_lock:
+                if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S:
+                    try:
+                        await self._read_paused()
+                    finally:
+                        self.paused_read_at = time.monotonic()
         return self.claimable
 
     async def _read_paused(self) -> None:

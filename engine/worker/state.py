@@ -55,4 +55,5 @@ class PoolState:
         # Signals an operator paused, as last read (pausing.py), and the queues a claim may take from.
         self.paused: frozenset[str] = frozenset()
         self.paused_read_at = float("-inf")
+        self.paused_lock = asyncio.Lock()
         self.claimable: list[str] = self.queues
