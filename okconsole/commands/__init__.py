@@ -1,7 +1,7 @@
 """The scripted operator commands (Typer), over `engine.ops` only, one module per group.
 
 `common` (options, failures, confirmation) and `session` (one visit to the store) are shared;
-`reads`, `repair`, `bindings`, `tail` and `serve` hold the commands, `tui` the root (no command:
+`reads`, `repair`, `controls`, `bindings`, `tail` and `serve` hold the commands, `tui` the root (no command:
 the TUI), `conventions` how the group prints its help. `build_app` registers them in help order;
 nothing here imports `okconsole.cli`, which only builds the app for the console script.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import typer
 
-from . import bindings, reads, repair, serve, tail, tui
+from . import bindings, controls, reads, repair, serve, tail, tui
 from .conventions import ConsoleGroup
 
-GROUPS = (reads, repair, bindings, serve, tail)
+GROUPS = (reads, repair, controls, bindings, serve, tail)
 
 
 def build_app() -> typer.Typer:
