@@ -24,6 +24,9 @@ class Claiming(ClaimAhead, Settling, Pausing):
         stop = self.runtime.stop
         backoff = Backoff()
         while not stop.is_set():
+            # Before the size: from the size on, nothing awaits until `requested` counts it, so two
+            # lanes never both ask for the same free slots.
+            queues = await self._claimable_queues()
             size = self._claim_size()
             if size <= 0:
                 self.slot_free.clear()
@@ -31,7 +34,7 @@ class Claiming(ClaimAhead, Settling, Pausing):
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
                 continue
             settles_before = self.settle_count
-            claim = await self._claim(waker, size, backoff)
+            claim = await self._claim(waker, size, backoff, queues)
             if claim is None:
                 continue  # an outage, its back-off waited out
             batch, claimed_at = claim
@@ -44,11 +47,12 @@ class Claiming(ClaimAhead, Settling, Pausing):
                 continue
             await self._wait_for_work(waker)
 
-    async def _claim(self, waker: Waker, size: int, backoff: Backoff) -> tuple[list[Claimed], float] | None:
+    async def _claim(
+        self, waker: Waker, size: int, backoff: Backoff, queues: list[str]
+    ) -> tuple[list[Claimed], float] | None:
         """One claim of up to `size` messages and when it was sent; None after an outage, once the
         back-off is waited out (until then its size and outcomes count as in flight)."""
         waker.clear()
-        queues = await self._claimable_queues()
         if not queues:  # every signal of this pool is paused: nothing to claim (outcomes go to the settler)
             return [], time.monotonic()
         outcomes = self._outcomes_for_claim()
