@@ -141,6 +141,9 @@ async def test_cancel_ends_pending_messages_dead_and_skips_a_live_lease(db_url):
         assert (done.cancelled, done.ids, done.skipped) == (3, [due, later, lost], [])
         skipped = await ops.cancel(app.store, "c.held", [held], actor="ana", reason="x")
         assert (skipped.cancelled, skipped.skipped) == (0, [ops.Skipped(id=held, status="inflight")])
+        everything = await ops.cancel(app.store, "c.held", all=True, actor="ana", reason="x")
+        assert (everything.cancelled, everything.skipped) == (0, [ops.Skipped(id=held, status="inflight")])
+        assert len(await ops.audit(app.store, action="cancel")) == 1  # a cancel that ended nothing is not audited
 
         assert await statuses(app.store, due, later, lost, held) == ["dead", "dead", "dead", "inflight"]
         failure = (await ops.show(app.store, lost)).failures[-1]
