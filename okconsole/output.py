@@ -33,7 +33,7 @@ from engine.ops import (
 
 from . import fmt
 from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
-from .styles import DEAD_STYLE, status_markup
+from .styles import DEAD_STYLE, PAUSED_STYLE, status_markup
 
 ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
 PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
@@ -106,6 +106,7 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
         "Delivered",
         "Dead",
         "Lag",
+        "Paused",
         "Description",
         crop=("Description",),
         drop=("Description", "Kind"),
@@ -119,6 +120,7 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
             str(r.delivered),
             f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0",
             duration(r.lag_ms),
+            f"[{PAUSED_STYLE}]yes[/]" if r.paused else "no",
             cell(r.description),
         )
     render(out, table)

@@ -18,6 +18,8 @@ STATUS_STYLE: dict[str, str] = {
     "unknown": "dim",
 }
 DEAD_STYLE = STATUS_STYLE["dead"]  # a count of dead letters, a failure code: what needs a look
+PAUSED_STYLE = "bold yellow"  # a signal an operator paused (stats, the TUI overview)
+PAUSED_MARK = "paused"  # what marks a paused signal in the TUI overview (a word: every terminal draws it)
 
 
 def styled(text: str, style: str | None) -> str:

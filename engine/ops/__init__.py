@@ -26,8 +26,8 @@ from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
 from ..store.wake import wake_local
+from . import controls, pausing, queries, repair, unbinding
 from . import doctor as _doctor
-from . import queries, repair, unbinding
 from . import trace as _trace
 from . import workers as _workers
 from .doctor import DUE_AFTER_MS, DoctorCheck
@@ -36,7 +36,10 @@ from .records import (
     AuditEntry,
     BindingInfo,
     Blocker,
+    Cancelled,
+    CancelPreview,
     DeadLetter,
+    Deleted,
     EmittedMessage,
     Failure,
     FailureGroup,
@@ -44,13 +47,17 @@ from .records import (
     MessageDetail,
     MessagePage,
     MessageRow,
+    NotPausable,
+    PauseState,
     Purged,
     PurgePreview,
     Replayed,
     ReplayPreview,
+    Retried,
     RunNode,
     SignalInfo,
     SignalStats,
+    Skipped,
     Unbound,
     UnknownFlow,
     UnknownMessage,
@@ -66,7 +73,10 @@ __all__ = [
     "AuditEntry",
     "BindingInfo",
     "Blocker",
+    "CancelPreview",
+    "Cancelled",
     "DeadLetter",
+    "Deleted",
     "DoctorCheck",
     "EmittedMessage",
     "Failure",
@@ -75,14 +85,18 @@ __all__ = [
     "MessageDetail",
     "MessagePage",
     "MessageRow",
+    "NotPausable",
+    "PauseState",
     "Purged",
     "PurgePreview",
     "Replayed",
     "ReplayPreview",
+    "Retried",
     "RunNode",
     "STATUSES",
     "SignalInfo",
     "SignalStats",
+    "Skipped",
     "UNCHANGED",
     "Unbound",
     "UnknownFlow",
@@ -94,7 +108,9 @@ __all__ = [
     "audit",
     "binding",
     "bindings",
+    "cancel",
     "dead_letters",
+    "delete",
     "default_actor",
     "doctor",
     "doctor_schema_too_new",
@@ -102,8 +118,11 @@ __all__ = [
     "known_signals",
     "message_page",
     "messages",
+    "pause",
     "purge",
     "replay",
+    "resume",
+    "retry",
     "show",
     "signal_info",
     "stats",
@@ -409,6 +428,81 @@ async def unbind(
         await asyncio.sleep(registry.BINDINGS_CACHE_S + 0.5)
         ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor, reason=reason))
     return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)
+
+
+# -- operator controls (SPEC §11) ---------------------------------------------------------------
+def _named(ids: Iterable[str] | None, what: str) -> tuple[str, ...]:
+    """The named ids, once each and in order (one id given as a str is one id); refuse none."""
+    if isinstance(ids, str):
+        ids = [ids]
+    named = tuple(dict.fromkeys(ids or ()))
+    if not named:
+        raise ValueError(f"name the messages to {what} (ids)")
+    return named
+
+
+async def pause(store: Store, signal: str, *, actor: str | None = None, reason: str | None = None) -> PauseState:
+    """Pause a once or broadcast signal: from at most 1 s on no process sharing the store claims its
+    messages (emits are still stored, running handlers finish); durable until `resume`. Audited.
+    NotPausable (a ValueError) for a live signal; UnknownSignal for a name the store does not know."""
+    actor = actor or default_actor()
+    return await store.write(lambda conn: pausing.pause(conn, signal, actor=actor, reason=reason))
+
+
+async def resume(store: Store, signal: str, *, actor: str | None = None, reason: str | None = None) -> PauseState:
+    """Lift a pause: workers in every process take the signal's messages again (woken at commit). Audited."""
+    actor = actor or default_actor()
+    state = await store.write(lambda conn: pausing.resume(conn, signal, actor=actor, reason=reason))
+    if state.changed:
+        wake_local(store.url)
+    return state
+
+
+async def cancel(
+    store: Store,
+    signal: str,
+    ids: Iterable[str] | None = None,
+    *,
+    all: bool = False,
+    key: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    dry_run: bool = False,
+) -> Cancelled | CancelPreview:
+    """End pending messages (due or not yet due) and inflight ones whose lease expired `dead`, each
+    with a failure {code "Cancelled", message: reason, attempt}: kept and replayable. A message under
+    a live lease is skipped (reported with its status). Name `ids`, or pass `all=True` (`key`
+    narrows either). One transaction, audited; `dry_run` changes nothing."""
+    named = None if all else _named(ids, "cancel")
+    if all and ids:
+        raise ValueError("name message ids or pass all=True, not both")
+    if dry_run:
+        return await store.read(lambda conn: controls.cancel_preview(conn, signal, named, key=key))
+    actor = actor or default_actor()
+    return await store.write(lambda conn: controls.cancel(conn, signal, named, key=key, actor=actor, reason=reason))
+
+
+async def delete(
+    store: Store, signal: str, ids: Iterable[str], *, actor: str | None = None, reason: str | None = None
+) -> Deleted:
+    """Delete named finished (delivered / dead) messages with their failure and step rows; others are
+    skipped. One transaction, audited; the per-status counters follow (triggers)."""
+    named = _named(ids, "delete")
+    actor = actor or default_actor()
+    return await store.write(lambda conn: controls.delete_finished(conn, signal, named, actor=actor, reason=reason))
+
+
+async def retry(
+    store: Store, signal: str, ids: Iterable[str], *, actor: str | None = None, reason: str | None = None
+) -> Retried:
+    """A named pending message waiting for its run_at (a delay or a back-off) becomes due now; others
+    are skipped (a dead letter is requeued by `replay`). One transaction, audited."""
+    named = _named(ids, "retry")
+    actor = actor or default_actor()
+    done = await store.write(lambda conn: controls.retry_now(conn, signal, named, actor=actor, reason=reason))
+    if done.ids:
+        wake_local(store.url)
+    return done
 
 
 # -- what the console needs from the store, so it imports no engine.store module ----------------

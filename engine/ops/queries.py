@@ -15,7 +15,7 @@ from collections import defaultdict
 from sqlalchemy import Connection, func, select
 
 from ..ids import now_ms
-from ..store import registry, schema
+from ..store import pauses, registry, schema
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
 from . import listing
@@ -61,6 +61,12 @@ def require_signal(conn: Connection, name: str) -> None:
     """Raise UnknownSignal (listing the known ones) unless `name` is known to the store."""
     if not signal_exists(conn, name):
         raise UnknownSignal(name, known_signals(conn))
+
+
+def signal_kind(conn: Connection, name: str) -> str:
+    """The recorded kind of `name`, else the kind its messages' queues tell ("unknown" with none)."""
+    kind = conn.execute(select(s.c.kind).where(s.c.name == name)).scalar()
+    return str(kind) if kind is not None else _inferred_kind(conn, name)
 
 
 def _inferred_kind(conn: Connection, name: str) -> str:
@@ -112,6 +118,7 @@ def stats(conn: Connection) -> list[SignalStats]:
             counts[signal][status] = n
     declared = {row.name: row for row in conn.execute(select(s.c.name, s.c.kind, s.c.description))}
     flows = registry.recent_flows(conn)
+    paused = pauses.paused_signals(conn)
     now = now_ms()
     out = []
     for name in sorted(set(counts) | set(declared)):
@@ -135,6 +142,7 @@ def stats(conn: Connection) -> list[SignalStats]:
                 dead=c["dead"],
                 lag_ms=lag,
                 flows=flows.get(name, []),
+                paused=name in paused,
             )
         )
     return out

@@ -85,6 +85,7 @@ class SignalStats:
     dead: int
     lag_ms: int | None
     flows: list[str]
+    paused: bool = False  # an operator paused it (SPEC §11): no process claims its messages
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,71 @@ class PurgePreview:
     purged: int
     would_purge: int
     ids: list[str]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A named message an operator control left alone, and the status that kept it."""
+
+    id: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """`ids`: the messages that ended dead with code "Cancelled"; `skipped`: named (or, with
+    --all, leased) ones left alone."""
+
+    cancelled: int
+    ids: list[str]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class CancelPreview:
+    """A dry run of `cancel`: how many it would cancel now (ids: a sample of at most 20)."""
+
+    cancelled: int
+    would_cancel: int
+    ids: list[str]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class Deleted:
+    deleted: int
+    ids: list[str]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class Retried:
+    """`ids`: pending messages that waited for their run_at and are due now."""
+
+    retried: int
+    ids: list[str]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class PauseState:
+    """After `pause` / `resume`: whether `signal` is paused now, and whether this call changed it."""
+
+    signal: str
+    paused: bool
+    changed: bool
+
+
+class NotPausable(ValueError):
+    """Only once and broadcast signals have messages to hold back: a live signal cannot be paused."""
+
+    def __init__(self, signal: str, kind: str) -> None:
+        self.signal = signal
+        self.kind = kind
+        super().__init__(
+            f'signal "{signal}" is {kind}: only once and broadcast signals can be paused '
+            "(a live tape has no messages to hold back)"
+        )
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,14 @@ def purge_preview(
     return PurgePreview(purged=0, would_purge=total, ids=sample)
 
 
+def delete_rows_of(conn: Connection, ids: Sequence[str]) -> None:
+    """The failure and step rows of deleted messages go with them (runs stay: they are the trace)."""
+    for start in range(0, len(ids), CHUNK):
+        chunk = list(ids[start : start + CHUNK])
+        conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
+        conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(chunk)))
+
+
 def purge(
     conn: Connection,
     signal: str,
@@ -333,10 +341,7 @@ def purge(
         if not batch:
             break
         gone = [r[0] for r in conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch)).returning(m.c.id))]
-        for start in range(0, len(gone), CHUNK):
-            chunk = gone[start : start + CHUNK]
-            conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
-            conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(chunk)))
+        delete_rows_of(conn, gone)
         count += len(gone)
         deleted += gone[: MAX_AUDIT_IDS - len(deleted)]
     if count:

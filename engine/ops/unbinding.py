@@ -8,11 +8,11 @@ past its lease), so a copy a worker holds under a live lease is left to finish.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, and_, or_, update
+from sqlalchemy import Connection, and_
 
 from ..store import queue_name, registry, schema
 from ..store.base import lease_clock_ms
-from . import queries
+from . import controls, queries
 from .records import UnknownFlow
 from .repair import MAX_AUDIT_IDS, default_actor, write_audit
 
@@ -46,32 +46,9 @@ def end_copies(
     record. A once signal's messages are shared by its flows: none is ended."""
     if kind != "broadcast":
         return []
-    ready = or_(m.c.status == "pending", and_(m.c.status == "inflight", m.c.lease_expires_at < now))
-    rows = conn.execute(
-        update(m)
-        .where(m.c.signal == signal, m.c.queue == queue_name(signal, flow, kind), ready)
-        .values(status="dead", finished_at=now, updated_at=now, locked_by=None, lease_expires_at=None)
-        .returning(m.c.seq, m.c.id, m.c.attempts)
-    ).all()
-    if not rows:
-        return []
+    where = and_(m.c.signal == signal, m.c.queue == queue_name(signal, flow, kind), controls.ready_to_end(now))
     note = f'flow "{flow}" was unbound by {actor or default_actor()}' + (f": {reason}" if reason else "")
-    conn.execute(
-        schema.failures.insert(),
-        [
-            {
-                "message_id": r.id,
-                "attempt": r.attempts,
-                "code": UNBOUND,
-                "message": note,
-                "at": now,
-                "run_id": None,
-                "kind": "failure",
-            }
-            for r in rows
-        ],
-    )
-    return [r.id for r in sorted(rows, key=lambda r: r.seq)]
+    return controls.end_dead(conn, [where], code=UNBOUND, note=note, now=now)
 
 
 def sweep(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None, reason: str | None) -> list[str]:

@@ -10,12 +10,13 @@ from ..store import Claimed
 from ..store.outage import is_outage
 from ..store.wake import Waker
 from .claim_ahead import ClaimAhead, ewma
+from .pausing import Pausing
 from .settling import Settling
 from .state import log
 from .waiting import IDLE_POLL_S, Backoff, wait_any
 
 
-class Claiming(ClaimAhead, Settling):
+class Claiming(ClaimAhead, Settling, Pausing):
     """The claim lanes of a pool."""
 
     async def _claim_loop(self, waker: Waker, until_idle: bool) -> None:
@@ -23,6 +24,9 @@ class Claiming(ClaimAhead, Settling):
         stop = self.runtime.stop
         backoff = Backoff()
         while not stop.is_set():
+            # Before the size: from the size on, nothing awaits until `requested` counts it, so two
+            # lanes never both ask for the same free slots.
+            queues = await self._claimable_queues()
             size = self._claim_size()
             if size <= 0:
                 self.slot_free.clear()
@@ -30,7 +34,7 @@ class Claiming(ClaimAhead, Settling):
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
                 continue
             settles_before = self.settle_count
-            claim = await self._claim(waker, size, backoff)
+            claim = await self._claim(waker, size, backoff, queues)
             if claim is None:
                 continue  # an outage, its back-off waited out
             batch, claimed_at = claim
@@ -43,10 +47,14 @@ class Claiming(ClaimAhead, Settling):
                 continue
             await self._wait_for_work(waker)
 
-    async def _claim(self, waker: Waker, size: int, backoff: Backoff) -> tuple[list[Claimed], float] | None:
+    async def _claim(
+        self, waker: Waker, size: int, backoff: Backoff, queues: list[str]
+    ) -> tuple[list[Claimed], float] | None:
         """One claim of up to `size` messages and when it was sent; None after an outage, once the
         back-off is waited out (until then its size and outcomes count as in flight)."""
         waker.clear()
+        if not queues:  # every signal of this pool is paused: nothing to claim (outcomes go to the settler)
+            return [], time.monotonic()
         outcomes = self._outcomes_for_claim()
         self.requested += size
         started = time.monotonic()
@@ -54,10 +62,10 @@ class Claiming(ClaimAhead, Settling):
         try:
             if outcomes:
                 _held, batch = await self.store.settle_and_claim(
-                    runtime.worker_id, outcomes, self.queues, runtime.lease_ms, size
+                    runtime.worker_id, outcomes, queues, runtime.lease_ms, size
                 )
             else:
-                batch = await self.store.claim(self.queues, runtime.worker_id, runtime.lease_ms, size)
+                batch = await self.store.claim(queues, runtime.worker_id, runtime.lease_ms, size)
             backoff.reset()
             self.store_back.set()
             self.claim_s = ewma(self.claim_s, time.monotonic() - started)
@@ -107,7 +115,9 @@ class Claiming(ClaimAhead, Settling):
         # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
         # into empty claims for as long as a handler runs. A finished handler (the drain may
         # be over), a settle (work may be eligible again) or an emit is what counts here.
-        await wait_any(self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=IDLE_POLL_S)
+        await wait_any(
+            self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=self._idle_poll_s(IDLE_POLL_S)
+        )
         self.handler_done.clear()
         self.settled.clear()
         return False
@@ -115,7 +125,10 @@ class Claiming(ClaimAhead, Settling):
     async def _wait_for_work(self, waker: Waker) -> None:
         """The queues are empty: wait for a wake-up (an emit, a notification), a stop, or the poll."""
         self._claim_idle()
-        waits = [asyncio.ensure_future(waker.wait(IDLE_POLL_S)), asyncio.ensure_future(self.runtime.stop.wait())]
+        waits = [
+            asyncio.ensure_future(waker.wait(self._idle_poll_s(IDLE_POLL_S))),
+            asyncio.ensure_future(self.runtime.stop.wait()),
+        ]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
             w.cancel()

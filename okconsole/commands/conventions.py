@@ -42,6 +42,24 @@ EXAMPLES: dict[str, list[str]] = {
         "okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
         "okconsole unbind catalog.changed search.reindex --yes --json",
     ],
+    "pause": [
+        "okconsole pause tasks.email --reason 'SMTP relay down'",
+        "okconsole pause tasks.email --yes --json",
+    ],
+    "resume": ["okconsole resume tasks.email", "okconsole resume tasks.email --yes --json"],
+    "cancel": [
+        "okconsole cancel tasks.email msg_… --reason 'wrong recipient'",
+        "okconsole cancel tasks.email --all --key customer-17 --dry-run",
+        "okconsole cancel tasks.email --all --yes --json",
+    ],
+    "delete": [
+        "okconsole delete tasks.email msg_… msg_… --reason 'personal data'",
+        "okconsole delete tasks.email msg_… --yes --json",
+    ],
+    "retry": [
+        "okconsole retry tasks.email msg_…            # due now, not at its run_at",
+        "okconsole retry tasks.email msg_… --yes --json",
+    ],
     "trace": [
         "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V",
         "okconsole trace run_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json",

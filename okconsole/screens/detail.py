@@ -16,12 +16,13 @@ from engine import ops
 
 from .. import fmt
 from ..styles import DEAD_STYLE
-from .base import ConsoleScreen, text_filter
+from .base import text_filter
+from .controls import MessageControls
 from .modals import ConfirmScreen, EditPayloadScreen
 from .trace_tree import fill_tree
 
 
-class DetailScreen(ConsoleScreen):
+class DetailScreen(MessageControls):
     ENTER_HINT = "Open the message (trace pane)"
     WRITE_ACTIONS = frozenset({"replay", "edit"})
     BINDINGS = [
@@ -98,6 +99,10 @@ class DetailScreen(ConsoleScreen):
         self.query_one("#failures-text", Static).update(failure_lines(shown))
         tree = self.query_one("#trace", Tree)
         fill_tree(tree, d.trace, highlight=d.id, keep=keep)
+
+    def control_target(self) -> tuple[str, list[str]] | None:
+        d = self.detail
+        return None if d is None else (d.signal, [d.id])
 
     def action_copy_id(self) -> None:
         self.copy_id(self.message_id)

@@ -13,7 +13,8 @@ from engine import ops
 from .. import fmt
 from ..styles import DEAD_STYLE, styled
 from ..widgets.tui_tables import sync_rows
-from .base import ConsoleScreen, text_filter
+from .base import text_filter
+from .controls import MessageControls
 from .modals import ConfirmScreen, EditPayloadScreen
 
 LIMIT = 200
@@ -22,8 +23,9 @@ LIMIT = 200
 SHORT_SCREEN = 30  # rows: below this the failure groups start folded (80×24 keeps the letters)
 
 
-class DeadLettersScreen(ConsoleScreen):
+class DeadLettersScreen(MessageControls):
     ENTER_HINT = "Open"  # on a failure group: filter the letters by it
+    CONTROLS = ("delete",)  # a dead letter is neither cancelled nor retried (replay requeues it)
     WRITE_ACTIONS = frozenset({"replay", "replay_all", "edit", "purge"})
     BINDINGS = [
         Binding("space", "tag", "Tag"),
@@ -268,6 +270,15 @@ class DeadLettersScreen(ConsoleScreen):
 
     def action_copy_id(self) -> None:
         self.copy_id(self._cursor_id())
+
+    def control_target(self) -> tuple[str, list[str]] | None:
+        """The tagged letters shown, else the one under the cursor."""
+        current = self._cursor_id()
+        ids = [i for i in self.shown if i in self.tagged] or ([current] if current else [])
+        return (self.signal, ids) if ids else None
+
+    def after_control(self, result: Any) -> None:
+        self.tagged -= set(result.ids)
 
     def _purge_selection(self) -> tuple[list[str] | None, str]:
         """What P deletes: the tagged letters, else those the filter shows, else every dead letter

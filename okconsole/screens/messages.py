@@ -17,7 +17,7 @@ from engine import ops
 from .. import fmt
 from ..styles import status_markup
 from ..widgets.tui_tables import sync_rows
-from .base import ConsoleScreen
+from .controls import MessageControls
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
@@ -44,7 +44,7 @@ SORTS = {
 SEARCH_HINT = "search payload, key, last failure (whole signal) — enter applies, esc clears"
 
 
-class MessagesScreen(ConsoleScreen):
+class MessagesScreen(MessageControls):
     ENTER_HINT = "Open"
     BINDINGS = [
         Binding("1", "status('1')", "All"),
@@ -229,10 +229,19 @@ class MessagesScreen(ConsoleScreen):
         if event.column_key.value:
             self.action_sort_by(event.column_key.value)
 
-    def action_copy_id(self) -> None:
+    def _cursor_id(self) -> str | None:
         table = self.query_one("#messages", DataTable)
-        if table.row_count:
-            self.copy_id(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def action_copy_id(self) -> None:
+        if self._cursor_id() is not None:
+            self.copy_id(self._cursor_id())
+
+    def control_target(self) -> tuple[str, list[str]] | None:
+        current = self._cursor_id()
+        return None if current is None else (self.signal, [current])
 
     def action_dlq(self) -> None:
         self.console.open_dlq(self.signal)

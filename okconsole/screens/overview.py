@@ -14,9 +14,10 @@ from textual.widgets import DataTable, Static
 from engine import ops
 
 from .. import fmt
-from ..styles import DEAD_STYLE
+from ..styles import DEAD_STYLE, PAUSED_MARK, PAUSED_STYLE
 from ..widgets.tui_tables import sync_rows
 from .base import ConsoleScreen, text_filter
+from .modals import ConfirmScreen
 
 COLUMNS = [
     ("signal", "Signal"),
@@ -40,7 +41,10 @@ class OverviewScreen(ConsoleScreen):
         Binding("d", "dlq", "Dead letters & failures"),
         Binding("t", "tail", "Tail"),
         Binding("a", "audit", "Audit log"),
+        Binding("p", "pause", "Pause"),
+        Binding("u", "resume", "Resume"),
     ]
+    WRITE_ACTIONS = frozenset({"pause", "resume"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -128,6 +132,8 @@ class OverviewScreen(ConsoleScreen):
         text = ""
         if row is not None:
             text = f"[b]{escape(row.signal)}[/] — {escape(row.description or row.signal)}"
+            if row.paused:
+                text += f"  [{PAUSED_STYLE}]{PAUSED_MARK}: no worker takes its messages (u resumes)[/]"
             if split_once(row):
                 text += (
                     f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
@@ -172,6 +178,32 @@ class OverviewScreen(ConsoleScreen):
     def action_audit(self) -> None:
         self.console.open_audit()
 
+    def action_pause(self) -> None:
+        self._pause_or_resume(pause=True)
+
+    def action_resume(self) -> None:
+        self._pause_or_resume(pause=False)
+
+    def _pause_or_resume(self, pause: bool) -> None:
+        """Ask (with the reason for the audit log), then pause or resume the selected signal."""
+        name = self.selected_signal()
+        if self.refuse_write() or name is None:
+            return
+        row = self.rows.get(name)
+        if pause and self.console.refuse_signal(name, "queue"):
+            return
+        if row is not None and row.paused == pause:
+            self.notify(f"{name} is {'paused already' if pause else 'not paused'}")
+            return
+        verb, call = ("pause", ops.pause) if pause else ("resume", ops.resume)
+        effect = "No worker will take its messages until resumed." if pause else "Workers take its messages again."
+
+        def confirmed(reason: str | None) -> None:
+            if reason:
+                self.run_write(verb, call, name, reason=reason)
+
+        self.app.push_screen(ConfirmScreen(f"{verb.capitalize()} {name}? {effect}", verb.capitalize()), confirmed)
+
     def action_back(self) -> None:
         field = self.query_one("#filter")
         if field.has_class("shown"):
@@ -190,5 +222,7 @@ def row_cells(row: Any, rate: float, spark: list[float], retained: int) -> list[
     dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
     lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
     kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
+    if row.paused:
+        kind += f" [{PAUSED_STYLE}]{PAUSED_MARK}[/]"
     counts = [str(row.pending), str(row.inflight), str(row.delivered), dead]
     return [row.signal, kind, *counts, lag, f"{rate:.1f}", fmt.sparkline(spark)]

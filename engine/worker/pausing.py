@@ -1,0 +1,52 @@
+"""Paused signals: which of the pool's queues a claim may take from.
+
+An operator's pause is a row in `oke_pauses` (engine/store/pauses.py), written by any process.
+Each pool reads the paused set at most every PAUSE_REFRESH_S, at claim time (one tiny query, not
+one per claim), and leaves the paused signals' queues (the once queue and every broadcast copy
+queue) out of its claims: so no process claims a paused signal's messages from PAUSE_REFRESH_S
+plus one claim after the pause commits. Handlers already running finish; emits are still stored.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..store import pauses
+from ..store.outage import is_outage
+from .state import PoolState, log
+
+PAUSE_REFRESH_S = 0.5
+
+
+class Pausing(PoolState):
+    """The claimable queues, kept in step with the store's paused set."""
+
+    async def _claimable_queues(self) -> list[str]:
+        """The pool's queues whose signal is not paused (re-read when the last read is stale). The
+        lanes share one read: a lane never claims with the old set while another lane reads."""
+        if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
+            async with self.paused_lock:
+                if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S:
+                    try:
+                        await self._read_paused()
+                    finally:
+                        self.paused_read_at = time.monotonic()
+        return self.claimable
+
+    async def _read_paused(self) -> None:
+        try:
+            paused = await self.store.read(pauses.paused_signals)
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            log.warning("could not read the paused signals (%s: %s); keeping the last set", type(err).__name__, err)
+            return
+        if paused != self.paused:
+            self.paused = paused
+            self.claimable = [q for q in self.queues if self.routes[q].signal.name not in paused]
+            log.info("paused signals now: %s", ", ".join(sorted(paused)) or "none")
+
+    def _idle_poll_s(self, poll_s: float) -> float:
+        """How long an idle lane waits unwoken: no longer than a refresh while a queue is paused, so a
+        resume in a process that cannot wake this one (SQLite elsewhere) is seen soon."""
+        return min(poll_s, PAUSE_REFRESH_S) if self.paused else poll_s

@@ -1,0 +1,226 @@
+"""The operator controls (SPEC §11): `pause` / `resume` a signal, `cancel`, `delete` and `retry`
+named messages.
+
+Each is a write like `replay`: refused under --read-only, asks before acting unless --yes (refusing
+without a terminal, exit 2), audited with the actor and the reason, one transaction. Named
+messages in the wrong state are skipped and reported (JSON `skipped: [{id, status}]`); an id the
+signal does not have is bad usage (exit 2, nothing changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from engine import ops
+
+from .. import output
+from .common import (
+    ACTOR_OPTION,
+    DB_OPTION,
+    JSON_OPTION,
+    REASON_OPTION,
+    SIGNAL_ARGUMENT,
+    YES_OPTION,
+    State,
+    actor_of,
+    confirm,
+    fail,
+    require_terminal_to_confirm,
+    require_writes,
+    state_of,
+)
+from .session import check_sqlite_file, run
+
+SHOWN = 20  # ids listed in a table's report
+# Why `retry` left a message, by its status.
+RETRY_HINT = {
+    "pending": "already due: nothing to retry",
+    "dead": "a dead letter is requeued with: okconsole replay",
+    "inflight": "a worker holds it",
+    "delivered": "it is done",
+}
+
+
+def _ask_first(state: State, command: str, yes: bool, question: Callable[[], str | None]) -> None:
+    """Refuse under --read-only; unless --yes, ask `question()` (None: nothing to ask about)."""
+    require_writes(state, command)
+    if yes:
+        return
+    check_sqlite_file(state.db)
+    require_terminal_to_confirm(command)
+    text = question()
+    if text is not None:
+        confirm(text, command)
+
+
+def _report(result: Any, as_json: bool, lines: Callable[[], list[str]]) -> None:
+    if as_json:
+        output.print_json(result)
+        return
+    out = output.console()
+    for line in lines():
+        out.print(line)
+
+
+def _done_lines(verb: str, noun: str, signal: str, ids: list[str], skipped: list[ops.Skipped]) -> list[str]:
+    """ "<Verb> N <noun>(s) of SIGNAL." with the ids, then every skipped id with its status."""
+    lines = [f"{verb} {len(ids)} {noun}(s) of {escape(signal)}."]
+    lines += [f"  {msg_id}" for msg_id in ids[:SHOWN]]
+    if len(ids) > SHOWN:
+        lines.append(f"  … and {len(ids) - SHOWN} more")
+    for s in skipped:
+        hint = RETRY_HINT.get(s.status) if verb == "Retried" else None
+        lines.append(f"Skipped {s.id}: it is {s.status}" + (f" ({hint})" if hint else ""))
+    return lines
+
+
+# -- pause / resume -------------------------------------------------------------------------------
+def pause(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Pause a once or broadcast signal: within 1 s no process sharing the store claims its messages
+    (emits are still stored, running handlers finish) until `okconsole resume`. Survives restarts.
+    Prints {"signal", "paused": true, "changed"} with --json."""
+    state = state_of(ctx, db)
+    _ask_first(state, "pause", yes, lambda: f"Pause {signal}? No worker will take its messages until resumed.")
+    result = run(state, lambda store: ops.pause(store, signal, actor=actor_of(state, actor), reason=reason))
+    _report(result, as_json, lambda: [_pause_line(result)])
+
+
+def resume(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Resume a paused signal: workers take its messages again. Prints {"signal", "paused": false,
+    "changed"} with --json."""
+    state = state_of(ctx, db)
+    _ask_first(state, "resume", yes, lambda: f"Resume {signal}? Workers take its messages again.")
+    result = run(state, lambda store: ops.resume(store, signal, actor=actor_of(state, actor), reason=reason))
+    _report(result, as_json, lambda: [_pause_line(result)])
+
+
+def _pause_line(result: ops.PauseState) -> str:
+    name = escape(result.signal)
+    if result.paused:
+        return f"Paused {name}: its messages wait until resumed." if result.changed else f"{name} was paused already."
+    return f"Resumed {name}." if result.changed else f"{name} was not paused."
+
+
+# -- cancel / delete / retry ----------------------------------------------------------------------
+IDS_ARGUMENT: Any = typer.Argument(None, metavar="[ID]...", help="The messages, by id.")
+
+
+def _named(ids: list[str] | None, what: str) -> list[str]:
+    named = list(dict.fromkeys(ids or []))
+    if not named:
+        fail(2, f"name the messages to {what} (ID...)")
+    return named
+
+
+def cancel(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    ids: list[str] | None = IDS_ARGUMENT,
+    all_: bool = typer.Option(False, "--all", help="Every pending message of SIGNAL (that --key keeps)."),
+    key: str | None = typer.Option(None, "--key", metavar="K", help="Only messages with this key."),
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be cancelled; change nothing."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Cancel pending messages (due or not yet due): they end dead with failure code Cancelled (the
+    reason as its message), kept and replayable. A message under a live lease is skipped; one whose
+    lease expired is cancelled."""
+    state = state_of(ctx, db)
+    if all_ and ids:
+        fail(2, "name message ids or pass --all, not both")
+    named = None if all_ else _named(ids, "cancel")
+
+    def call(dry: bool) -> Callable[[ops.Store], Awaitable[Any]]:
+        who = actor_of(state, actor)
+        return lambda store: ops.cancel(store, signal, named, all=all_, key=key, actor=who, reason=reason, dry_run=dry)
+
+    if dry_run:
+        preview = run(state, call(True))
+        _report(preview, as_json, lambda: _preview_lines(signal, preview))
+        return
+    _ask_first(state, "cancel", yes, lambda: _cancel_question(state, signal, call(True)))
+    result = run(state, call(False))
+    _report(result, as_json, lambda: _done_lines("Cancelled", "message", signal, result.ids, result.skipped))
+
+
+def _cancel_question(state: State, signal: str, preview: Callable[[ops.Store], Awaitable[Any]]) -> str | None:
+    found = run(state, preview)
+    if not found.would_cancel:
+        return None
+    return f"Cancel {found.would_cancel} message(s) of {signal}? They end dead (code Cancelled), replayable."
+
+
+def _preview_lines(signal: str, preview: ops.CancelPreview) -> list[str]:
+    lines = [f"Would cancel {preview.would_cancel} message(s) of {escape(signal)} (dry run: nothing changed)."]
+    if preview.ids:
+        more = " …" if preview.would_cancel > len(preview.ids) else ""
+        lines.append("  " + escape(", ".join(preview.ids)) + more)
+    lines += [f"Would skip {s.id}: it is {s.status}" for s in preview.skipped]
+    return lines
+
+
+def delete(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    ids: list[str] | None = IDS_ARGUMENT,
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Delete finished (delivered or dead) messages by id, with their failure history; others are skipped."""
+    state = state_of(ctx, db)
+    named = _named(ids, "delete")
+    _ask_first(
+        state, "delete", yes, lambda: f"Delete {len(named)} message(s) of {signal}? Only delivered or dead ones go."
+    )
+    who = actor_of(state, actor)
+    result = run(state, lambda store: ops.delete(store, signal, named, actor=who, reason=reason))
+    _report(result, as_json, lambda: _done_lines("Deleted", "message", signal, result.ids, result.skipped))
+
+
+def retry(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    ids: list[str] | None = IDS_ARGUMENT,
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Make pending messages that wait for their run_at (a delay or a back-off) due now; others are
+    skipped (a dead letter is requeued with `okconsole replay`)."""
+    state = state_of(ctx, db)
+    named = _named(ids, "retry")
+    _ask_first(state, "retry", yes, lambda: f"Retry {len(named)} waiting message(s) of {signal} now?")
+    who = actor_of(state, actor)
+    result = run(state, lambda store: ops.retry(store, signal, named, actor=who, reason=reason))
+    _report(result, as_json, lambda: _done_lines("Retried", "message", signal, result.ids, result.skipped))
+
+
+COMMANDS = (pause, resume, cancel, delete, retry)
