@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pgcluster import PgCluster, PgClusterError  # noqa: E402
+from prockit import worker_procs  # noqa: E402
 
 _PG_FIXTURES = {"pg_cluster", "pg_url"}
 
@@ -94,3 +95,9 @@ def _engine_reset():
     _reset_engine()
     yield
     _reset_engine()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Worker processes (tests/prockit.py) a test starts; any still running are killed at its end."""
+    yield from worker_procs(tmp_path)

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from engine import OkeError, flow, oke, on, signal
 from engine import ops
 from engine.worker import IDLE_POLL_S
-from test_once_concurrency import procs, until  # noqa: F401  (procs is a fixture)
+from prockit import until
 from workers.db import fetch, is_sqlite, scalar
 
 ORDERS_DDL = "CREATE TABLE shop_orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)"

@@ -11,7 +11,7 @@ import pytest
 from engine import LeaseLost, flow, oke, on, signal
 from engine.fx import Fx
 from engine.ids import now_ms
-from test_once_concurrency import until
+from prockit import until
 from workers.db import fetch, scalar
 
 LEASE_MS = 400

@@ -19,13 +19,8 @@ from engine import flow, oke, on, signal
 from engine.flows import Binding
 from engine.ids import now_ms
 from engine.store import Outcome
-from prockit import until, worker_procs
+from prockit import until
 from workers.db import fetch, scalar
-
-
-@pytest.fixture
-def procs(tmp_path):
-    yield from worker_procs(tmp_path)
 
 
 def _never(payload, fx):

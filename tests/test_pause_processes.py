@@ -10,7 +10,7 @@ import pytest
 
 from engine import flow, oke, ops, signal
 from engine.flows import Binding
-from test_once_concurrency import WorkerProcs, until
+from prockit import WorkerProcs, until
 
 
 @pytest.fixture
