@@ -12,7 +12,7 @@ from typing import Any
 
 from . import payloads
 from .durations import parse_duration_ms
-from .emitting import rows_for
+from .emitting import emit_options, rows_for
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
@@ -182,12 +182,18 @@ class OkeApp:
         payload: Any = None,
         *,
         key: str | None = None,
+        delay: object = None,
+        at: object = None,
+        dedupe: str | None = None,
+        priority: int = 0,
         parent_run_id: str | None = None,
         emitter: str | None = None,
     ) -> str:
-        """Validate and store a message; returns its id once committed (OKE1240, OKE1250)."""
+        """Validate and store a message; returns its id once committed (OKE1240, OKE1250). With
+        `dedupe` held by a pending or inflight message, stores nothing and returns that one's id."""
         store = self._require_store()
         target = self._resolve(signal)
+        options = emit_options(target, delay, at, dedupe, priority)
         if key is not None and not isinstance(key, str):
             raise TypeError(f'emit("{target.name}", key=...): a key is a string, got {type(key).__name__}')
         if key is not None and not 1 <= len(key) <= MAX_KEY_LENGTH:
@@ -206,10 +212,10 @@ class OkeApp:
             raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
         if target.kind == "live":
             return await self._append_live(target, encoded, parent_run_id)
-        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows)
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows, options)
         if rows:
             try:
-                await store.enqueue(rows)
+                holder = await store.enqueue(rows)
             except Exception as err:
                 if not is_outage(err):
                     raise
@@ -217,6 +223,8 @@ class OkeApp:
                     f'emit("{target.name}"): the store did not confirm the write, so the '
                     f"message may not be stored ({describe(err)})"
                 ) from err
+            if holder is not None:
+                return holder
         return msg_id
 
     async def _append_live(self, signal: Signal, encoded: str, parent_run_id: str | None) -> str:

@@ -56,11 +56,32 @@ class Fx:
         """A new unique, time-ordered id."""
         return new_id()
 
-    async def emit(self, signal: Signal | str, payload: Any = None, *, key: str | None = None) -> str:
-        """Validate and store a message; it records this run as its parent. Resolves on commit."""
+    async def emit(
+        self,
+        signal: Signal | str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        delay: object = None,
+        at: object = None,
+        dedupe: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        """Validate and store a message; it records this run as its parent. Resolves on commit.
+        The time and order options are `app.emit`'s (SPEC §12)."""
         if self._app is None:
             raise RuntimeError("fx.emit requires a bound signal runtime")
-        return await self._app.emit(signal, payload, key=key, parent_run_id=self.run_id, emitter=self.flow.name)
+        return await self._app.emit(
+            signal,
+            payload,
+            key=key,
+            delay=delay,
+            at=at,
+            dedupe=dedupe,
+            priority=priority,
+            parent_run_id=self.run_id,
+            emitter=self.flow.name,
+        )
 
     def require_read(self, name: str) -> None:
         """OKE1001 unless this flow declared `signal:<name>` in its reads."""

@@ -27,6 +27,10 @@ class Emit(Protocol):
         payload: Any = None,
         *,
         key: str | None = None,
+        delay: object = None,
+        at: object = None,
+        dedupe: str | None = None,
+        priority: int = 0,
         parent_run_id: str | None = None,
         emitter: str | None = None,
     ) -> str: ...

@@ -24,8 +24,8 @@ from ..errors import StoreUnavailable
 from ..ids import now_ms
 from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
-from .sql.claim import postgres_claim_statement
-from .sql.enqueue import POSTGRES_INSERT, POSTGRES_KEY_LOCKS
+from .sql.claim import claim_order, postgres_claim_statement
+from .sql.enqueue import POSTGRES_HOLDER, POSTGRES_INSERT, POSTGRES_INSERT_TIMED, POSTGRES_KEY_LOCKS
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import Waker, tape_topic, wake_local, wake_tapes
@@ -148,24 +148,16 @@ class PostgresStore(Store):
         async with self.sa.begin() as conn:
             return await conn.run_sync(fn)
 
-    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+    async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         assert self.pool is not None, "store is not open"
         check_keys(rows)
-        cols = (
-            [r.id for r in rows],
-            [r.signal for r in rows],
-            [r.queue for r in rows],
-            [r.flow for r in rows],
-            [r.key for r in rows],
-            [r.payload for r in rows],
-            [r.retries for r in rows],
-            [r.dead_letter for r in rows],
-            [r.created_at for r in rows],
-            [r.parent_run_id for r in rows],
-        )
+        cols = _insert_columns(rows)
         keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
+        holder = None
         async with _acquire(self.pool) as conn:
-            if keys:
+            if not all(r.plain for r in rows):
+                holder = await _insert_timed(conn, rows, cols, keys)
+            elif keys:
                 async with conn.transaction():
                     await conn.execute(POSTGRES_KEY_LOCKS, keys)
                     await conn.execute(POSTGRES_INSERT, *cols)
@@ -173,12 +165,13 @@ class PostgresStore(Store):
                 await conn.execute(POSTGRES_INSERT, *cols)
         wake_local(self.url)
         self._maybe_compact_counts()
+        return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
         async with _acquire(self.pool) as conn:
             rows = await conn.fetch(claim_statement(limit), worker_id, lease_ms, list(queues))
-        return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
+        return claim_order([Claimed(*row) for row in rows])
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         # Not joined with the next claim (SQLite does that): here the settle runs on its own
@@ -245,6 +238,52 @@ class PostgresStore(Store):
         return self._listener
 
 
+def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
+    """The rows as the column arrays POSTGRES_INSERT unnests ($1 … $10)."""
+    return (
+        [r.id for r in rows],
+        [r.signal for r in rows],
+        [r.queue for r in rows],
+        [r.flow for r in rows],
+        [r.key for r in rows],
+        [r.payload for r in rows],
+        [r.retries for r in rows],
+        [r.dead_letter for r in rows],
+        [r.created_at for r in rows],
+        [r.parent_run_id for r in rows],
+    )
+
+
+# Tries of a dedupe emit whose holder finished between the skipped insert and the read of its id.
+_DEDUPE_TRIES = 5
+
+
+async def _insert_timed(
+    conn: Any, rows: Sequence[NewMessage], cols: tuple[list[Any], ...], keys: list[str]
+) -> str | None:
+    """Rows with time or order options in one transaction: the first row's dedupe holder when its
+    key is held (nothing of it stored), else None. A skipped insert waited for a concurrent
+    holder to commit; a holder that finished before its id was read frees the key: try again."""
+    timed = (
+        [r.delay_ms for r in rows],
+        [r.run_at for r in rows],
+        [r.priority for r in rows],
+        [r.dedupe for r in rows],
+    )
+    first = rows[0]
+    for _ in range(_DEDUPE_TRIES):
+        async with conn.transaction():
+            if keys:
+                await conn.execute(POSTGRES_KEY_LOCKS, keys)
+            stored = {row[0] for row in await conn.fetch(POSTGRES_INSERT_TIMED, *cols, *timed)}
+            if first.id in stored or first.dedupe is None:
+                return None
+            holder = await conn.fetchval(POSTGRES_HOLDER, first.queue, first.dedupe)
+            if holder is not None:
+                return str(holder)
+    raise RuntimeError(f'emit("{first.signal}", dedupe=...): the key kept changing hands; try again')
+
+
 async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
     """Fenced outcomes, their failure records and runs. Successes (with their runs) are one
     statement; failures and wake-ups add more, so `_needs_transaction` says when to wrap it."""
@@ -294,7 +333,16 @@ async def _fail_with_runs(
     for out in fails:
         c = out.claimed
         attempt = await conn.fetchval(
-            POSTGRES_FAIL, c.seq, c.attempts, now, worker_id, out.code, out.message, out.ended_at, out.run_id
+            POSTGRES_FAIL,
+            c.seq,
+            c.attempts,
+            now,
+            worker_id,
+            out.code,
+            out.message,
+            out.ended_at,
+            out.run_id,
+            out.retry_in_ms,
         )
         if attempt is not None:
             held_attempts.add((c.seq, c.attempts))

@@ -36,8 +36,8 @@ from ..errors import StoreUnavailable
 from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .outage import READ_ONLY, disk_condition, read_only_dir
-from .sql.claim import sqlite_claim_statement
-from .sql.enqueue import SQLITE_INSERT
+from .sql.claim import claim_order, sqlite_claim_statement
+from .sql.enqueue import SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
 from .sql.settle import (
     ACK_BATCH_FROM,
     ACK_ROWS_PER_STATEMENT,
@@ -352,30 +352,20 @@ class SqliteStore(Store):
 
         return await self._writer.call(run)
 
-    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+    async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         check_keys(rows)
-        params = [
-            (
-                r.id,
-                r.signal,
-                r.queue,
-                r.flow,
-                r.key,
-                r.payload,
-                r.retries,
-                int(r.dead_letter),
-                r.created_at,
-                r.created_at,
-                r.parent_run_id,
+        if all(r.plain for r in rows):
+            params = [_insert_params(r) for r in rows]
+            # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
+            # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
+            await self._writer.call(
+                lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
             )
-            for r in rows
-        ]
-        # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
-        # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
-        await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
-        )
+            holder = None
+        else:
+            holder = await self._writer.call(lambda conn: _in_write_tx(conn, lambda raw: _insert_timed(raw, rows)))
         wake_local(self.url)
+        return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = sqlite_claim_statement(len(queues))
@@ -419,6 +409,35 @@ class SqliteStore(Store):
         return Waker(self.url, tape_topic(signal), WalWatch(self.path))
 
 
+def _insert_params(r: NewMessage) -> tuple[Any, ...]:
+    return (
+        r.id,
+        r.signal,
+        r.queue,
+        r.flow,
+        r.key,
+        r.payload,
+        r.retries,
+        int(r.dead_letter),
+        r.created_at,
+        r.created_at,
+        r.parent_run_id,
+    )
+
+
+def _insert_timed(raw: sqlite3.Connection, rows: Sequence[NewMessage]) -> str | None:
+    """Rows with time or order options, one by one (this machine's clock is the claim's): the
+    first row's dedupe holder, when its key is held, else None."""
+    now = now_ms()
+    holder = None
+    for i, r in enumerate(rows):
+        run_at = now + r.delay_ms if r.delay_ms is not None else r.run_at
+        stored = raw.execute(SQLITE_INSERT_TIMED, (*_insert_params(r), run_at, r.priority, r.dedupe)).rowcount
+        if not stored and i == 0:
+            holder = raw.execute(SQLITE_HOLDER, (r.queue, r.dedupe)).fetchone()[0]
+    return holder
+
+
 def _claim_in(
     raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int
 ) -> list[Claimed]:
@@ -426,7 +445,7 @@ def _claim_in(
     params: dict[str, Any] = {"worker": worker_id, "lease_until": now + lease_ms, "now": now, "limit": limit}
     params.update({f"q{i}": q for i, q in enumerate(queues)})
     rows = raw.execute(sql, params).fetchall()
-    return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
+    return claim_order([Claimed(*row) for row in rows])
 
 
 def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int) -> bool:
@@ -488,7 +507,7 @@ def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
     if out.ok:
         if raw.execute(SQLITE_ACK, fence).rowcount == 1:
             held.add((c.seq, c.attempts))
-    elif raw.execute(SQLITE_FAIL, fence).rowcount == 1:
+    elif raw.execute(SQLITE_FAIL, {**fence, "retry_in": out.retry_in_ms}).rowcount == 1:
         held.add((c.seq, c.attempts))
         raw.execute(
             SQLITE_FAILURE_ROW,

@@ -93,8 +93,10 @@ class Running(PoolState):
             code, message = failure_code(exc), failure_message(exc)
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
+        backoff = route.signal.backoff
+        retry_in = backoff.delay_after(claimed.attempts) if backoff is not None and not ok else None
         self.pending_outcomes.append(
-            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message)
+            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message, retry_in)
         )
         self.outcome_ready.set()
 
