@@ -28,7 +28,7 @@ runner = CliRunner()
 DEAD_LETTER_FIELDS = {"id", "signal", "key", "payload", "attempts", "failures", "created_at", "parent_run_id",
                       "status"}
 MESSAGE_FIELDS = {"id", "status", "key", "attempts", "locked_by", "lease_expires_at", "created_at",
-                  "parent_run_id"}
+                  "parent_run_id", "run_at", "priority", "dedupe"}
 UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/nope"
 
 

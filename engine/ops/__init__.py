@@ -55,6 +55,7 @@ from .records import (
     UnknownSignal,
     UnvalidatedPayload,
     to_json,
+    waits_until,
 )
 from .repair import UNCHANGED, default_actor
 
@@ -70,6 +71,7 @@ __all__ = [
     "MessageDetail",
     "MessagePage",
     "MessageRow",
+    "waits_until",
     "Purged",
     "PurgePreview",
     "Replayed",

@@ -35,6 +35,7 @@ from .records import (
     SignalStats,
     UnknownMessage,
     UnknownSignal,
+    waits_until,
 )
 
 m = schema.messages
@@ -194,6 +195,9 @@ def message_page(
             lease_expires_at=r.lease_expires_at,
             created_at=r.created_at,
             parent_run_id=r.parent_run_id,
+            run_at=r.run_at,
+            priority=r.priority,
+            dedupe=r.dedupe,
         )
         for r in rows
     ]
@@ -304,6 +308,10 @@ def show(conn: Connection, message_id: str) -> MessageDetail:
         blocked_by=blocker,
         runs=runs,
         trace=roots,
+        run_at=row.run_at,
+        priority=row.priority,
+        dedupe=row.dedupe,
+        due_at=waits_until(row.status, row.run_at, now),
     )
 
 
