@@ -47,8 +47,10 @@ def pg_section(rec, n, reps):
     proc = {c: rec.select(bench="procrastinate", concurrency=c) for c in CONCS}
     raw = lambda t, b: rec.select(bench="pg_raw", tasks=t, batch=b)  # noqa: E731
     hdr = ["PostgreSQL, msgs/s", *[f"C={c}" for c in CONCS]]
+    delayed = rec.select(bench="pg_engine_delayed", concurrency=8)
     L = [
         ["okengine: 1 process, C handlers", *[cell(eng[c]) for c in CONCS]],
+        ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
         ["procrastinate: concurrency C", *[cell(proc[c]) for c in CONCS]],
         ["raw asyncpg: C tasks × batch 1", *[cell(raw(c, 1)) for c in CONCS]],
         ["raw asyncpg: C tasks × batch C", "(= batch 1)", *[cell(raw(c, c)) for c in CONCS[1:]]],
@@ -106,7 +108,9 @@ def sqlite_section(rec, n, reps):
     own = {c: rec.select(bench="sqlite_raw", batch=c, own_sync=True) for c in CONCS}
     ceiling = {c: max((med(rows) for rows in (raw[c], own[c]) if rows), default=None) for c in CONCS}
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
+    delayed = rec.select(bench="sqlite_engine_delayed", concurrency=8)
     L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
+         ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
          ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
          ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
          ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],
