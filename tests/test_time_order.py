@@ -437,3 +437,45 @@ async def test_the_sqlite_claim_reads_the_ready_index_in_order_without_a_sort(sq
         conn.close()
     assert "oke_messages_ready" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+# --------------------------------------------------------------------------- stats
+
+
+async def test_stats_count_scheduled_messages_and_lag_only_counts_due_ones(db_url):
+    from engine import ops
+
+    jobs = signal.once("jobs", optional=True)
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs, 1, delay="1h")
+        await app.emit(jobs, 2, at=now_ms() + 3_600_000)
+        [only_later] = [s for s in await ops.stats(app.store) if s.signal == "jobs"]
+        assert (only_later.pending, only_later.scheduled, only_later.lag_ms) == (2, 2, None)
+        await app.emit(jobs, 3)
+        await asyncio.sleep(0.05)
+        [mixed] = [s for s in await ops.stats(app.store) if s.signal == "jobs"]
+    assert (mixed.pending, mixed.scheduled) == (3, 2)
+    assert mixed.lag_ms is not None and 40 <= mixed.lag_ms < 10_000
+
+
+async def test_fx_emit_takes_the_same_options_and_keeps_its_parent_run(db_url):
+    jobs = signal.once("jobs")
+    follow = signal.once("follow", optional=True)
+    runs: list[str] = []
+
+    @on(jobs)
+    @flow("w")
+    async def handler(payload, fx):
+        runs.append(fx.run_id)
+        first = await fx.emit(follow, 1, delay="1h", priority=3, dedupe="f")
+        assert await fx.emit(follow, 2, dedupe="f") == first
+        with pytest.raises(TypeError, match="not both"):
+            await fx.emit(follow, 3, delay=1, at=1)
+
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs)
+        await app.drain()
+    rows = await fetch(db_url, "SELECT parent_run_id, priority, dedupe, run_at FROM oke_messages WHERE signal = 'follow'")
+    assert len(rows) == 1 and len(runs) == 1  # one attempt: every check in the handler held
+    parent, priority, dedupe, run_at = rows[0]
+    assert (parent, priority, dedupe) == (runs[0], 3, "f") and run_at is not None

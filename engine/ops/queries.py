@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from ..ids import now_ms
 from ..store import registry, schema
@@ -113,15 +113,13 @@ def stats(conn: Connection) -> list[SignalStats]:
     declared = {row.name: row for row in conn.execute(select(s.c.name, s.c.kind, s.c.description))}
     flows = registry.recent_flows(conn)
     now = now_ms()
+    clock = lease_clock_ms(conn)  # what "due" is judged by, as the claim does
     out = []
     for name in sorted(set(counts) | set(declared)):
         c = counts[name]
-        lag = None
+        lag, scheduled = None, 0
         if c["pending"]:
-            oldest = conn.execute(
-                select(m.c.created_at).where(m.c.signal == name, m.c.status == "pending").order_by(m.c.seq).limit(1)
-            ).scalar()
-            lag = max(0, now - oldest) if oldest is not None else None
+            lag, scheduled = _lag_and_scheduled(conn, name, now, clock)
         row = declared.get(name)
         kind = row.kind if row is not None else _inferred_kind(conn, name)
         out.append(
@@ -135,9 +133,22 @@ def stats(conn: Connection) -> list[SignalStats]:
                 dead=c["dead"],
                 lag_ms=lag,
                 flows=flows.get(name, []),
+                scheduled=scheduled,
             )
         )
     return out
+
+
+def _lag_and_scheduled(conn: Connection, signal: str, now: int, clock: int) -> tuple[int | None, int]:
+    """The age of the oldest pending message that is due (None: none is), and how many pending
+    messages are not due yet (a delay, an `at`, a back-off: SPEC §12)."""
+    pending = and_(m.c.signal == signal, m.c.status == "pending")
+    due = or_(m.c.run_at.is_(None), m.c.run_at <= clock)
+    oldest = conn.execute(select(m.c.created_at).where(pending, due).order_by(m.c.seq).limit(1)).scalar()
+    scheduled = conn.execute(
+        select(func.count()).where(pending, m.c.run_at.is_not(None), m.c.run_at > clock)
+    ).scalar_one()
+    return (max(0, now - oldest) if oldest is not None else None), int(scheduled)
 
 
 # -- messages -----------------------------------------------------------------------------------

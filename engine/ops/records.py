@@ -85,6 +85,7 @@ class SignalStats:
     dead: int
     lag_ms: int | None
     flows: list[str]
+    scheduled: int = 0  # pending messages not due yet (SPEC §12); lag_ms counts only due ones
 
 
 @dataclass(frozen=True)
