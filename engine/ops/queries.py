@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select
 
@@ -196,22 +197,7 @@ def message_page(
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
     walk = listing.Walk(conn, signal, filters, sort, descending, windowed)
     rows, nxt, cut = walk.page(limit, start)
-    items = [
-        MessageRow(
-            id=r.id,
-            status=r.status,
-            key=r.key,
-            attempts=r.attempts,
-            locked_by=r.locked_by,
-            lease_expires_at=r.lease_expires_at,
-            created_at=r.created_at,
-            parent_run_id=r.parent_run_id,
-            run_at=r.run_at,
-            priority=r.priority,
-            dedupe=r.dedupe,
-        )
-        for r in rows
-    ]
+    items = [_message_row(r) for r in rows]
     newest_first = sort == "seq" and descending
     return MessagePage(
         items=items,
@@ -219,6 +205,22 @@ def message_page(
         clock_ms=lease_clock_ms(conn),
         next_cursor=nxt.encode() if nxt is not None else None,
         cut=cut,
+    )
+
+
+def _message_row(r: Any) -> MessageRow:
+    return MessageRow(
+        id=r.id,
+        status=r.status,
+        key=r.key,
+        attempts=r.attempts,
+        locked_by=r.locked_by,
+        lease_expires_at=r.lease_expires_at,
+        created_at=r.created_at,
+        parent_run_id=r.parent_run_id,
+        run_at=r.run_at,
+        priority=r.priority,
+        dedupe=r.dedupe,
     )
 
 
@@ -262,17 +264,8 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
     ]
 
 
-def show(conn: Connection, message_id: str) -> MessageDetail:
-    row = conn.execute(select(m).where(m.c.id == message_id)).first()
-    if row is None:
-        raise UnknownMessage([message_id], None, known_signals(conn))
-    now = lease_clock_ms(conn)
-    lease = Lease(
-        locked_by=row.locked_by,
-        lease_expires_at=row.lease_expires_at,
-        reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
-    )
-    blocker = None
+def _blocker(conn: Connection, row: Any) -> Blocker | None:
+    """The oldest unfinished message of the same queue and key ahead of `row`, if any."""
     if row.key is not None and row.status in ("pending", "inflight"):
         head = conn.execute(
             select(m.c.id, m.c.status, m.c.attempts, m.c.locked_by, m.c.lease_expires_at, m.c.created_at)
@@ -287,7 +280,7 @@ def show(conn: Connection, message_id: str) -> MessageDetail:
             .limit(1)
         ).first()
         if head is not None:
-            blocker = Blocker(
+            return Blocker(
                 id=head.id,
                 status=head.status,
                 attempts=head.attempts,
@@ -295,6 +288,20 @@ def show(conn: Connection, message_id: str) -> MessageDetail:
                 lease_expires_at=head.lease_expires_at,
                 created_at=head.created_at,
             )
+    return None
+
+
+def show(conn: Connection, message_id: str) -> MessageDetail:
+    row = conn.execute(select(m).where(m.c.id == message_id)).first()
+    if row is None:
+        raise UnknownMessage([message_id], None, known_signals(conn))
+    now = lease_clock_ms(conn)
+    lease = Lease(
+        locked_by=row.locked_by,
+        lease_expires_at=row.lease_expires_at,
+        reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
+    )
+    blocker = _blocker(conn, row)
     runs = trace_mod.runs_of_message(conn, message_id)
     if row.parent_run_id is not None:
         roots = [trace_mod.tree(conn, row.parent_run_id)]
