@@ -48,6 +48,12 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
   console    stats reads succeeded except around database restarts; delivered + dead never
              went down between two reads; the CLI exited 0 (or 1, one line, while the store was away)
   workers    no worker exited on its own
+  time       a share of the messages are delayed (0-500 ms), some prioritised, some deduplicated
+             (each of those emitted twice at once): no attempt was claimed or started before its
+             message's run_at, by the store's clock (PostgreSQL's own, read by the handler with the
+             row); every delayed message was stored with a run_at; the twin emits of a dedupe key
+             returned one id (unless an outage made one unconfirmed); a watcher polling during the
+             run never saw two pending/inflight messages with one dedupe key
 
 Exit status 0 when every check passes, 1 otherwise.
 """
@@ -103,6 +109,9 @@ class Config:
     drain_timeout_s: float = 300.0
     cli_every_s: float = 3.0
     seed: int = 0
+    delayed_share: float = 0.25   # emitted with delay 0-500 ms (SPEC §12)
+    priority_share: float = 0.2   # emitted with priority 1-9
+    dedupe_share: float = 0.1     # emitted twice at once with one dedupe key (and a delay, so the twin meets it)
 
 
 def profile(backend: str, short: bool, seed: int) -> Config:
@@ -135,9 +144,17 @@ class Planned:
     fails: int            # attempts 1..fails raise ChaosFailure
     slow: tuple[int, ...]  # attempts that outlive the lease
     tape: bool            # every attempt appends to the tape
+    delay_ms: int = 0     # emitted with this delay (0: none)
+    priority: int = 0
+    dedupe: str | None = None  # emitted twice at once with this dedupe key
 
     def payload(self) -> dict[str, Any]:
         return {"n": self.n, "key": self.key, "fails": self.fails, "slow": list(self.slow), "tape": self.tape}
+
+    def options(self) -> dict[str, Any]:
+        """The emit's time and order options."""
+        return {"delay": f"{self.delay_ms}ms" if self.delay_ms else None, "priority": self.priority,
+                "dedupe": self.dedupe}
 
 
 def make_plan(cfg: Config) -> list[Planned]:
@@ -153,6 +170,15 @@ def make_plan(cfg: Config) -> list[Planned]:
         r = rng.random()
         slow = (1,) if r < cfg.slow_share else (2,) if r < cfg.slow_share * 4 / 3 else ()
         out.append(Planned(n, key, fails, slow, rng.random() < cfg.tape_share))
+    # the time and order options draw from a generator of their own: the plan above stays the same
+    opts = random.Random(cfg.seed + 1)
+    for i, p in enumerate(out):
+        delay = opts.randrange(1, 501) if opts.random() < cfg.delayed_share else 0
+        priority = opts.randrange(1, 10) if opts.random() < cfg.priority_share else 0
+        dedupe = f"d{p.n}" if opts.random() < cfg.dedupe_share else None
+        if dedupe is not None:
+            delay = max(delay, 300)  # the twin emit lands while the first is still pending
+        out[i] = replace(p, delay_ms=delay, priority=priority, dedupe=dedupe)
     return out
 
 
@@ -322,6 +348,9 @@ class Observed:
     cli_failures: list[tuple[float, int, str]] = field(default_factory=list)
     cli_regressions: list[str] = field(default_factory=list)
     partitions: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, worker id)
+    twins: dict[int, str] = field(default_factory=dict)  # n -> the id the twin dedupe emit returned
+    dedupe_polls: int = 0
+    dedupe_doubles: list[str] = field(default_factory=list)  # dedupe keys seen held twice at once
     emit_started: float = 0.0
     emit_ended: float = 0.0
     drained: float = 0.0
@@ -340,11 +369,11 @@ async def emitter(app: Any, jobs: Any, cfg: Config, plan: list[Planned], obs: Ob
     rate = cfg.messages / cfg.emit_s
     i = 0
 
-    async def emit_one(p: Planned) -> None:
+    async def emit_one(p: Planned, into: dict[int, str]) -> None:
         backoff = 0.05
         while True:
             try:
-                obs.confirmed[p.n] = await app.emit(jobs, p.payload(), key=p.key)
+                into[p.n] = await app.emit(jobs, p.payload(), key=p.key, **p.options())
                 return
             except Exception as err:  # an outage: maybe stored, maybe not; emit again
                 obs.uncertain[p.n] += 1
@@ -365,7 +394,8 @@ async def emitter(app: Any, jobs: Any, cfg: Config, plan: list[Planned], obs: Ob
                 keys.add(p.key)
             wave.append(p)
             i += 1
-        await asyncio.gather(*(emit_one(p) for p in wave))
+        await asyncio.gather(*(emit_one(p, obs.confirmed) for p in wave),
+                             *(emit_one(p, obs.twins) for p in wave if p.dedupe is not None))
         progress.set()
         ahead = started + i / rate - time.monotonic()
         if ahead > 0:
@@ -434,6 +464,24 @@ async def tape_follower(url: str, obs: Observed, stop: asyncio.Event) -> None:
             if final:
                 return
             await asyncio.sleep(0.05)
+    finally:
+        await reader.close()
+
+
+async def dedupe_watcher(url: str, obs: Observed, stop: asyncio.Event) -> None:
+    """Poll for a dedupe key that two pending/inflight messages hold (the index must forbid it)."""
+    reader = Plain(url)
+    try:
+        while not stop.is_set():
+            try:
+                rows = await reader.rows(
+                    "SELECT dedupe, count(*) FROM oke_messages WHERE signal = $1 AND dedupe IS NOT NULL "
+                    "AND status IN ('pending', 'inflight') GROUP BY dedupe HAVING count(*) > 1", JOBS)
+                obs.dedupe_polls += 1
+                obs.dedupe_doubles += [f"{k} held by {c}" for k, c in rows]
+            except Exception:
+                pass  # the database is restarting
+            await asyncio.sleep(0.2)
     finally:
         await reader.close()
 
@@ -536,6 +584,8 @@ class Attempt:
     outcome: str | None = None    # E | F | X
     x_code: str | None = None
     event_ids: list[str] = field(default_factory=list)
+    run_at: int | None = None     # the row's run_at when the handler started ("-": none)
+    store_now: int | None = None  # the store's clock then
 
 
 class Report:
@@ -577,6 +627,8 @@ def read_logs(root: Path) -> tuple[dict[tuple[str, int], Attempt], list[str]]:
                         bad.append(f"attempt {attempt} of {msg} started twice ({a.worker}, {worker})")
                     a.worker, a.start = worker, int(f[4])
                     holder, row_attempts, lease = f[5], f[6], f[7]
+                    if len(f) > 9 and f[8] not in ("-", "?") and f[9] != "?":
+                        a.run_at, a.store_now = int(f[8]), int(f[9])
                     if holder == "?":
                         pass  # the read met the database restarting
                     elif holder == worker and row_attempts == str(attempt) and lease not in ("-", "?"):
@@ -610,6 +662,8 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                              "WHERE signal = $1", JOBS)
         tape_meta = await rd.rows("SELECT epoch, head, pruned_through FROM oke_tapes WHERE signal = $1", TAPE)
         tape = await rd.rows("SELECT seq, payload FROM oke_tape_events WHERE signal = $1 ORDER BY seq", TAPE)
+        timed = await rd.rows("SELECT id, run_at, priority, dedupe, payload FROM oke_messages WHERE signal = $1",
+                              JOBS)
     finally:
         await rd.close()
     logged, log_problems = read_logs(root)
@@ -928,7 +982,54 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
     rep.check("workers", not problems,
               f"{len(workers.all)} incarnations, {len(workers.killed)} SIGKILLed, the rest stopped cleanly; "
               f"no tracebacks but asyncpg's reconnect warnings", problems)
+    check_time_order(rep, cfg, plan, obs, logged, timed)
     return rep
+
+
+def check_time_order(rep: Report, cfg: Config, plan: list[Planned], obs: Observed,
+                     logged: dict[tuple[str, int], Attempt], timed: list[tuple]) -> None:
+    """The delay / priority / dedupe invariants (SPEC §12)."""
+    problems: list[str] = []
+    by_n = {p.n: p for p in plan}
+    plan_of: dict[str, Planned] = {}
+    for mid, _run_at, priority, dedupe, payload in timed:
+        p = plan_of[mid] = by_n[json.loads(payload)["n"]]
+        if (priority, dedupe) != (p.priority, p.dedupe):
+            problems.append(f"{mid} (n={p.n}): stored priority/dedupe {(priority, dedupe)}, "
+                            f"emitted {(p.priority, p.dedupe)}")
+    # run_at as each handler read it from the row when it started (a failure without back-off
+    # clears it: due again at once), by the store's clock read in the same statement
+    early = checked = 0
+    for (mid, n), att in logged.items():
+        p = plan_of.get(mid)
+        if p is None or att.store_now is None:
+            continue  # not a message of the plan, or the read met a restart
+        if n == 1 and p.delay_ms and att.run_at is None:
+            problems.append(f"{mid} (n={p.n}) was emitted with delay {p.delay_ms} ms but had no run_at")
+        if att.run_at is None:
+            continue
+        checked += 1
+        claim = None if att.lease is None else att.lease - cfg.lease_ms
+        if att.store_now + TOL_MS < att.run_at or (claim is not None and claim + TOL_MS < att.run_at):
+            early += 1
+            problems.append(f"attempt {n} of {mid} started at {att.store_now} (claimed ~{claim}) "
+                            f"before its run_at {att.run_at}")
+    twins_ok = 0
+    for p in plan:
+        if p.dedupe is None or p.n not in obs.twins or p.n not in obs.confirmed:
+            continue
+        if obs.twins[p.n] == obs.confirmed[p.n]:
+            twins_ok += 1
+        elif not obs.uncertain[p.n]:
+            problems.append(f"n={p.n}: the twin emits of dedupe {p.dedupe!r} returned "
+                            f"{obs.confirmed[p.n]} and {obs.twins[p.n]}")
+    problems += [f"dedupe key {d}" for d in obs.dedupe_doubles]
+    delayed = sum(1 for p in plan if p.delay_ms)
+    rep.check("time", not problems,
+              f"{delayed} delayed, {sum(1 for p in plan if p.priority)} prioritised, "
+              f"{sum(1 for p in plan if p.dedupe)} deduplicated; {checked} attempts of delayed messages "
+              f"none before run_at ({early} early); {twins_ok} twin emits got one id; "
+              f"{obs.dedupe_polls} dedupe polls saw no key held twice", problems)
 
 
 # --------------------------------------------------------------------------- main
@@ -974,7 +1075,8 @@ async def run(cfg: Config, keep: bool) -> bool:
             progress = asyncio.Event()
             readers = [asyncio.create_task(tape_follower(url, obs, stop_readers)),
                        asyncio.create_task(ops_reader(app, obs, stop_readers)),
-                       asyncio.create_task(cli_reader(url, cfg, obs, stop_readers))]
+                       asyncio.create_task(cli_reader(url, cfg, obs, stop_readers)),
+                       asyncio.create_task(dedupe_watcher(url, obs, stop_readers))]
             chaos = [asyncio.create_task(killer(workers, cfg, obs, stop_chaos))]
             if pg is not None:
                 chaos.append(asyncio.create_task(restarter(pg, cfg, obs, progress)))

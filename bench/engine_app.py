@@ -30,23 +30,35 @@ def make_app(url: str, name: str = "bench"):
     return oke(name, database_url=url, lease_ms=LEASE_MS)
 
 
-async def emit_all(app, sig, n: int, parallel: int) -> float:
-    """Emit n messages through app.emit with up to `parallel` emits in flight; returns emits/s."""
+DELAY_MAX_MS = 50  # the delayed mix: every other message waits 1–50 ms (SPEC §12 `delay`)
+
+
+def emit_options(i: int, delayed: bool) -> dict:
+    """The emit options of message i: in the delayed mix, odd messages get a delay of 1–50 ms."""
+    return {"delay": f"{i % DELAY_MAX_MS + 1}ms"} if delayed and i % 2 else {}
+
+
+async def emit_all(app, sig, n: int, parallel: int, delayed: bool = False) -> float:
+    """Emit n messages through app.emit with up to `parallel` emits in flight; returns emits/s.
+    `delayed`: half of them with a delay of at most DELAY_MAX_MS, all due before this returns."""
     from common import payload
 
     t0 = time.perf_counter()
     if parallel <= 1:
         for i in range(n):
-            await app.emit(sig, payload(i))
+            await app.emit(sig, payload(i), **emit_options(i, delayed))
     else:
         it = iter(range(n))
 
         async def lane():
             for i in it:
-                await app.emit(sig, payload(i))
+                await app.emit(sig, payload(i), **emit_options(i, delayed))
 
         await asyncio.gather(*(lane() for _ in range(parallel)))
-    return round(n / (time.perf_counter() - t0), 1)
+    rate = round(n / (time.perf_counter() - t0), 1)
+    if delayed:
+        await asyncio.sleep(DELAY_MAX_MS / 1000 + 0.01)  # the drain finds every message due
+    return rate
 
 
 class StoreProbe:

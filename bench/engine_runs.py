@@ -22,14 +22,15 @@ from engine_app import StoreProbe, declare, emit_all, make_app, verify_pg, verif
 EMIT_PARALLEL = 32  # app.emit calls in flight while filling the store (not timed)
 
 
-async def pg_single(cluster, n: int, concurrency: int) -> dict:
+async def pg_single(cluster, n: int, concurrency: int, delayed: bool = False) -> dict:
+    """`delayed`: the 50 % delayed mix (engine_app.emit_options), recorded as bench pg_engine_delayed."""
     db = f"bench_e_{uuid.uuid4().hex[:10]}"
     url = cluster.create_database(db)
     dsn = cluster.dsn(db)
     try:
         sig = declare()
         async with make_app(url) as app:
-            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL)
+            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL, delayed)
             await pg_prepare_table(dsn, "oke_messages")
             probe = StoreProbe(app.store)
             wal0 = await pg_wal(dsn)
@@ -40,7 +41,8 @@ async def pg_single(cluster, n: int, concurrency: int) -> dict:
         chk, ok = await verify_pg(dsn, n)
     finally:
         cluster.drop_database(db)
-    return {"bench": "pg_engine", "processes": 1, "concurrency": concurrency, "messages": n,
+    return {"bench": "pg_engine_delayed" if delayed else "pg_engine", "processes": 1, "concurrency": concurrency,
+            "messages": n,
             **win.fields(n), **wal, "emit_per_s": emit_rate, **probe.stats(), "verified": ok, "check": chk}
 
 
@@ -114,12 +116,13 @@ def _checkpoint(path: str) -> list:
         conn.close()
 
 
-async def sqlite_single(workdir: str, n: int, concurrency: int) -> dict:
+async def sqlite_single(workdir: str, n: int, concurrency: int, delayed: bool = False) -> dict:
+    """`delayed`: the 50 % delayed mix (engine_app.emit_options), recorded as bench sqlite_engine_delayed."""
     path = os.path.join(workdir, f"engine-{uuid.uuid4().hex[:8]}.db")
     try:
         sig = declare()
         async with make_app(f"sqlite+aiosqlite:///{path}") as app:
-            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL)
+            emit_rate = await emit_all(app, sig, n, EMIT_PARALLEL, delayed)
             ckpt = _checkpoint(path)
             probe = StoreProbe(app.store)
             io0, win = proc_io_written(), Window().start()
@@ -133,7 +136,7 @@ async def sqlite_single(workdir: str, n: int, concurrency: int) -> dict:
                 os.remove(path + suf)
             except FileNotFoundError:
                 pass
-    return {"bench": "sqlite_engine", "concurrency": concurrency, "messages": n, **win.fields(n),
+    return {"bench": "sqlite_engine_delayed" if delayed else "sqlite_engine", "concurrency": concurrency, "messages": n, **win.fields(n),
             "written_bytes_per_msg": round(written / n), "emit_per_s": emit_rate, "checkpoint": ckpt,
             **probe.stats(),
             "verified": ok, "check": chk}

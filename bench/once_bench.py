@@ -101,6 +101,7 @@ async def pg_throughput(rec, cluster, a):
         for c in (1, 8, 32):
             await measure(rec, a, f"okengine pg C={c}", rep, lambda: pg_single(cluster, n, c))
         await measure(rec, a, "okengine pg 4 procs x 8", rep, lambda: pg_multi(cluster, n, 4, 8))
+        await measure(rec, a, "okengine pg C=8, 50 % delayed", rep, lambda: pg_single(cluster, n, 8, delayed=True))
         for c in (1, 8, 32):
             await measure(rec, a, f"procrastinate C={c}", rep,
                           lambda: procrastinate_peer.run(proc_dsn, n, c, cluster.data_dir))
@@ -121,6 +122,8 @@ async def sqlite_throughput(rec, a):
             print(f"-- SQLite, repetition {rep + 1}/{a.reps} ({d})", flush=True)
             for c in (1, 8, 32):
                 await measure(rec, a, f"okengine sqlite C={c}", rep, lambda: sqlite_single(d, a.messages, c))
+            await measure(rec, a, "okengine sqlite C=8, 50 % delayed", rep,
+                          lambda: sqlite_single(d, a.messages, 8, delayed=True))
             for b in (1, 8, 32):
                 await measure(rec, a, f"raw sqlite3 batch {b}", rep,
                               lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))

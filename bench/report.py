@@ -49,8 +49,10 @@ def pg_section(rec, n, reps):
     pgq_at = {8: pgq(1, 8), 32: pgq(4, 8)}  # as many jobs in flight as C handlers
     raw = lambda t, b: rec.select(bench="pg_raw", tasks=t, batch=b)  # noqa: E731
     hdr = ["PostgreSQL, msgs/s", *[f"C={c}" for c in CONCS]]
+    delayed = rec.select(bench="pg_engine_delayed", concurrency=8)
     L = [
         ["okengine: 1 process, C handlers", *[cell(eng[c]) for c in CONCS]],
+        ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
         ["procrastinate: concurrency C", *[cell(proc[c]) for c in CONCS]],
         ["PgQueuer: C jobs in flight (1×8, 4×8)", "—", cell(pgq_at[8]), cell(pgq_at[32])],
         ["PgQueuer: its benchmark's 5 × batch 10", "", cell(pgq(5, 10)), ""],
@@ -118,7 +120,9 @@ def sqlite_section(rec, n, reps):
     own = {c: rec.select(bench="sqlite_raw", batch=c, own_sync=True) for c in CONCS}
     ceiling = {c: max((med(rows) for rows in (raw[c], own[c]) if rows), default=None) for c in CONCS}
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
+    delayed = rec.select(bench="sqlite_engine_delayed", concurrency=8)
     L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
+         ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
          ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
          ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
          ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import payloads
 from .durations import parse_duration_ms
-from .emitting import check_emit_key, not_wired_yet, rows_for, rows_for_many
+from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
@@ -190,23 +190,31 @@ class OkeApp:
         payload: Any = None,
         *,
         key: str | None = None,
+        delay: object = None,
+        at: object = None,
+        dedupe: str | None = None,
+        priority: int = 0,
         parent_run_id: str | None = None,
         emitter: str | None = None,
         conn: AsyncConnection | None = None,
     ) -> str:
         """Validate and store a message; returns its id once committed (OKE1240, OKE1250). With
-        `conn=`, it is written in the caller's transaction and exists iff that commits."""
+        `conn=`, it is written in the caller's transaction and exists iff that commits. With a
+        `dedupe` key held by a pending or inflight message, stores nothing and returns that one's id."""
         store = self._require_store()
         target = self._resolve(signal)
+        options = emit_options(target, delay, at, dedupe, priority)
         caller = self._caller(target, conn, "emit")
         check_emit_key(target, key)
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
         flows = await self._subscribers(target, emitter)
         if target.kind == "live":
             return await self._append_live(target, encoded, parent_run_id)
-        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows, tracing.current_traceparent())
+        msg_id, rows = rows_for(target, encoded, key, parent_run_id, flows, options, tracing.current_traceparent())
         if rows:
-            await self._store_rows(store, target, rows, caller)
+            holder = await self._store_rows(store, target, rows, caller)
+            if holder is not None:
+                return holder
         return msg_id
 
     async def emit_many(
@@ -226,10 +234,12 @@ class OkeApp:
         target = self._resolve(signal)
         if target.kind == "live":
             raise TypeError(f'emit_many("{target.name}"): a live signal\'s events are appended one by one with emit')
-        not_wired_yet(target, delay=delay, at=at, priority=priority)
+        options = emit_options(target, delay, at, None, priority, "emit_many")
         caller = self._caller(target, conn, "emit_many")
         flows = await self._subscribers(target, None)
-        ids, rows = rows_for_many(target, payloads, keys, flows, self.max_payload_bytes, tracing.current_traceparent())
+        ids, rows = rows_for_many(
+            target, payloads, keys, flows, self.max_payload_bytes, tracing.current_traceparent(), options
+        )
         if rows:
             await self._store_rows(store, target, rows, caller)
         return ids
@@ -261,13 +271,13 @@ class OkeApp:
 
     async def _store_rows(
         self, store: Store, target: Signal, rows: list[NewMessage], caller: AsyncConnection | None
-    ) -> None:
-        """Our own transaction, or the caller's (whose errors are the caller's to handle)."""
+    ) -> str | None:
+        """Our own transaction, or the caller's (whose errors are the caller's to handle); the id of
+        a dedupe key's holder when nothing was stored for it."""
         if caller is not None:
-            await store.enqueue_on(caller, rows)
-            return
+            return await store.enqueue_on(caller, rows)
         try:
-            await store.enqueue(rows)
+            return await store.enqueue(rows)
         except Exception as err:
             if not is_outage(err):
                 raise

@@ -16,6 +16,10 @@ from .ids import new_id, now_ms
 from .signals import Signal
 from .store import NewMessage, queue_name
 from .store.base import check_key
+from .timing import Schedule, check_dedupe, check_live_options, check_priority, schedule_of
+
+EmitOptions = tuple[Schedule, int, str | None]  # when it is due, its priority, its dedupe key
+PLAIN: EmitOptions = (Schedule(), 0, None)
 
 MAX_KEY_LENGTH = 1000
 _MISSING = object()
@@ -58,6 +62,7 @@ def rows_for_many(
     flows: list[str],
     max_bytes: int,
     traceparent: str | None = None,
+    options: EmitOptions = PLAIN,
 ) -> tuple[list[str], list[NewMessage]]:
     """Every row of an emit_many, validated before any is written: a bad payload is OKE1250 naming
     its index, a bad key a TypeError / ValueError naming it, and nothing is stored."""
@@ -73,7 +78,7 @@ def rows_for_many(
         except OkeError as err:
             detail = err.data.get("detail", err.cause)
             raise OkeError.of(1250, resource=signal.name, detail=f"payload {index}: {detail}") from None
-        msg_id, more = rows_for(signal, encoded, key, None, flows, traceparent)
+        msg_id, more = rows_for(signal, encoded, key, None, flows, options, traceparent)
         ids.append(msg_id)
         rows += more
     return ids, rows
@@ -85,6 +90,7 @@ def rows_for(
     key: str | None,
     parent_run_id: str | None,
     flows: list[str],
+    options: EmitOptions = PLAIN,
     traceparent: str | None = None,
 ) -> tuple[str, list[NewMessage]]:
     """The message id to return and the rows to store for one emit.
@@ -92,7 +98,9 @@ def rows_for(
     A broadcast copy gets its own id per flow (each has its own attempts and
     dead letter); the first copy's id is returned. A once message gets one row
     whether or not a worker is bound yet (an optional signal may be consumed later).
+    `options` are the checked schedule, priority and dedupe key, the same on every copy.
     """
+    schedule, priority, dedupe = options
     created = now_ms()
     if signal.kind == "once":
         ids = [new_id("msg_")]
@@ -113,20 +121,24 @@ def rows_for(
             parent_run_id=parent_run_id,
             created_at=created,
             traceparent=traceparent,
+            delay_ms=schedule.delay_ms,
+            run_at=schedule.run_at,
+            priority=priority,
+            dedupe=dedupe,
         )
         for msg_id, flow in zip(ids, targets, strict=False)
     ]
     return (ids[0] if ids else new_id("msg_")), rows
 
 
-def not_wired_yet(signal: Signal, *, delay: object, at: object, priority: object) -> None:
-    """emit_many takes `delay`, `at` and `priority` (SPEC §12); until the row-building path carries
-    run_at and priority, a non-default value is refused rather than silently dropped."""
-    given = [name for name, value in (("delay", delay), ("at", at)) if value is not None]
-    if not isinstance(priority, int) or isinstance(priority, bool) or priority != 0:
-        given.append("priority")
-    if given:
-        raise NotImplementedError(
-            f'emit_many("{signal.name}", {given[0]}=...): this okengine does not schedule or prioritise '
-            "messages yet; emit them without it"
-        )
+def emit_options(
+    signal: Signal, delay: object, at: object, dedupe: object, priority: object, what: str = "emit"
+) -> EmitOptions:
+    """The checked time and order options of one emit (TypeError / ValueError before any write)."""
+    label = f'{what}("{signal.name}")'
+    schedule = schedule_of(label, delay, at)
+    checked_priority = check_priority(label, priority)
+    checked_dedupe = check_dedupe(label, dedupe)
+    if signal.kind == "live":
+        check_live_options(label, schedule, checked_priority, checked_dedupe)
+    return schedule, checked_priority, checked_dedupe

@@ -64,14 +64,33 @@ class Fx:
         return new_id()
 
     async def emit(
-        self, signal: Signal | str, payload: Any = None, *, key: str | None = None, conn: AsyncConnection | None = None
+        self,
+        signal: Signal | str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        delay: object = None,
+        at: object = None,
+        dedupe: str | None = None,
+        priority: int = 0,
+        conn: AsyncConnection | None = None,
     ) -> str:
         """Validate and store a message; it records this run as its parent. Resolves on commit
-        (with `conn=`, the caller's: the message is written in that transaction)."""
+        (with `conn=`, the caller's: the message is written in that transaction). The time and
+        order options are `app.emit`'s."""
         if self._app is None:
             raise RuntimeError("fx.emit requires a bound signal runtime")
         return await self._app.emit(
-            signal, payload, key=key, parent_run_id=self.run_id, emitter=self.flow.name, conn=conn
+            signal,
+            payload,
+            key=key,
+            delay=delay,
+            at=at,
+            dedupe=dedupe,
+            priority=priority,
+            parent_run_id=self.run_id,
+            emitter=self.flow.name,
+            conn=conn,
         )
 
     async def extend_lease(self, ms: int | None = None) -> None:

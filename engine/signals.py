@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter
 
 from .durations import parse_duration_ms
+from .timing import Backoff, parse_backoff
 
 Kind = Literal["once", "broadcast", "live"]
 MAX_NAME_LENGTH = 200
-_OPTIONS = {"schema", "retries", "dead_letter", "optional", "retention", "description"}
+_OPTIONS = {"schema", "retries", "dead_letter", "optional", "retention", "description", "backoff"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Signal:
     retention: dict[str, Any] | None = None
     description: str = ""
     retention_rule: Retention = field(default_factory=Retention)
+    backoff: Backoff | None = None  # None: a failed attempt is due again at once
 
     def __repr__(self) -> str:
         return f"signal.{self.kind}({self.name!r})"
@@ -122,6 +124,9 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
     if "retention" in options and kind != "live":
         raise TypeError(f"{label}: retention is only valid with signal.live")
     rule = _check_retention(label, options.get("retention"))
+    if "backoff" in options and kind == "live":
+        raise TypeError(f"{label}: backoff is for once and broadcast signals (a live tape has no attempts)")
+    backoff = parse_backoff(label, options.get("backoff"))
     description = options.get("description", name)
     if not isinstance(description, str):
         raise TypeError(f"{label}: description must be a string")
@@ -135,6 +140,7 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
         retention=rule.as_dict() or None,
         description=description or name,
         retention_rule=rule,
+        backoff=backoff,
     )
     _REGISTRY[name] = declared
     return declared

@@ -29,6 +29,7 @@ from engine.ops import (
     RunNode,
     SignalStats,
     to_json,
+    waits_until,
 )
 
 from . import fmt
@@ -148,11 +149,13 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
         "Locked by",
         "Lease expires",
         "Created",
+        "Due at",
         "Parent run",
         crop=("Locked by",),
-        drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created"),
+        drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created", "Due at"),
         title=f"{escape(signal)}: {len(rows)} newest",
     )
+    now = fmt.now_ms()
     for r in rows:
         table.add(
             escape(r.id),
@@ -162,6 +165,7 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
             cell(r.locked_by),
             when(r.lease_expires_at),
             when(r.created_at),
+            when(waits_until(r.status, r.run_at, now)),
             cell(r.parent_run_id),
         )
     render(out, table)
@@ -291,7 +295,11 @@ def render_show(out: Console, d: MessageDetail) -> None:
         ("parent run", cell(d.parent_run_id)),
         ("locked by", cell(d.lease.locked_by)),
         ("lease expires", when(d.lease.lease_expires_at)),
+        ("priority", str(d.priority)),
+        ("dedupe", cell(d.dedupe)),
     ]
+    if d.due_at is not None:  # a delay, an `at` or a back-off's next attempt still ahead
+        rows.insert(5, ("due at", f"[yellow]{when(d.due_at)}[/] (not claimed before)"))
     if d.status == "inflight":
         rows.append(
             ("reclaimable", "[yellow]yes: the lease has expired[/]" if d.lease.reclaimable else "no: the lease holds")

@@ -233,9 +233,14 @@ async def test_unbind_on_a_terminal_asks_first(sqlite_url, tmp_path):
 # ------------------------------------------------------------------ the store upgrade
 
 def _downgrade_to_version_3(conn) -> None:
-    """The layout version 3 had: no run_at / priority / dedupe / traceparent, no pauses table."""
+    """The layout version 3 had: no run_at / priority / dedupe / traceparent, no pauses table, the ready index
+    on seq alone."""
     from sqlalchemy import text
 
+    for index in ("oke_messages_ready", "oke_messages_dedupe", "oke_messages_scheduled"):
+        conn.execute(text(f"DROP INDEX {index}"))
+    conn.execute(text("CREATE INDEX oke_messages_ready ON oke_messages (seq) "
+                      "WHERE status IN ('pending', 'inflight')"))
     for column in ("run_at", "priority", "dedupe", "traceparent"):
         conn.execute(text(f"ALTER TABLE oke_messages DROP COLUMN {column}"))
     conn.execute(text("DROP TABLE oke_pauses"))
@@ -294,3 +299,12 @@ async def test_a_version_3_store_is_upgraded_in_place_and_its_messages_stay_due(
     assert await scalar(db_url, f"SELECT priority FROM oke_messages WHERE id = '{first}'") == 0
     assert await scalar(db_url, f"SELECT run_at FROM oke_messages WHERE id = '{first}'") is None
     assert await scalar(db_url, f"SELECT traceparent FROM oke_messages WHERE id = '{first}'") is None
+    assert "priority" in await _index_sql(db_url, "oke_messages_ready")  # rebuilt for the claim's order
+    assert "dedupe" in await _index_sql(db_url, "oke_messages_dedupe")
+    assert "run_at" in await _index_sql(db_url, "oke_messages_scheduled")
+
+
+async def _index_sql(url: str, name: str) -> str:
+    if url.startswith("sqlite"):
+        return str(await scalar(url, "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = $1", name))
+    return str(await scalar(url, "SELECT indexdef FROM pg_indexes WHERE indexname = $1", name))

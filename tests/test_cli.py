@@ -28,7 +28,7 @@ runner = CliRunner()
 DEAD_LETTER_FIELDS = {"id", "signal", "key", "payload", "attempts", "failures", "created_at", "parent_run_id",
                       "status"}
 MESSAGE_FIELDS = {"id", "status", "key", "attempts", "locked_by", "lease_expires_at", "created_at",
-                  "parent_run_id"}
+                  "parent_run_id", "run_at", "priority", "dedupe"}
 UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:1/nope"
 
 
@@ -128,7 +128,7 @@ def test_stats_json_and_table(db_url, shop):
     assert set(got) == {"shop.email", "shop.audit", "shop.idle"}
     for r in rows:
         assert set(r) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead", "lag_ms",
-                          "flows", "paused"}
+                          "flows", "paused", "scheduled"}
     assert {k: got["shop.email"][k] for k in ("kind", "pending", "inflight", "delivered", "dead", "lag_ms")} == \
         {"kind": "once", "pending": 0, "inflight": 0, "delivered": 2, "dead": 2, "lag_ms": None}
     assert got["shop.idle"]["delivered"] == 0 and got["shop.audit"]["delivered"] == 1

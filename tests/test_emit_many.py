@@ -82,8 +82,9 @@ async def test_keys_of_another_length_and_other_bad_arguments_are_refused(db_url
             await app.emit_many(tape, [1])
         with pytest.raises(OkeError, match="OKE1240"):
             await app.emit_many(signal.once("nobody"), [1])
-        for option in ({"delay": "30s"}, {"at": 1_900_000_000_000}, {"priority": 5}):
-            with pytest.raises(NotImplementedError, match=next(iter(option))):
+        for option, error in (({"delay": "-1s"}, ValueError), ({"priority": "5"}, TypeError),
+                              ({"delay": "1s", "at": 1_900_000_000_000}, TypeError)):
+            with pytest.raises(error, match="emit_many"):
                 await app.emit_many(orders, [1], **option)
         assert await app.emit_many(orders, []) == []
     assert await scalar(db_url, "SELECT count(*) FROM oke_messages") == 0
@@ -117,3 +118,20 @@ async def test_emit_many_in_the_callers_transaction_commits_or_rolls_back_with_i
         finally:
             await sa.dispose()
     assert [r[0] for r in await fetch(db_url, "SELECT id FROM oke_messages ORDER BY seq")] == ids
+
+
+async def test_delay_and_priority_apply_to_every_message_of_the_call(db_url):
+    orders = signal.once("orders")
+    on(orders, flow("w.orders", do=lambda p, fx: None))
+    async with oke("shop", database_url=db_url) as app:
+        later = await app.emit_many(orders, [1, 2, 3], delay="1h", priority=7)
+        now = await app.emit_many(orders, [4])
+        rows = await fetch(db_url, "SELECT id, run_at, priority, created_at FROM oke_messages ORDER BY seq")
+        await app.drain()  # only the due one runs
+        states = {r[0]: r[1] for r in await fetch(db_url, "SELECT id, status FROM oke_messages")}
+    by_id = {r[0]: r for r in rows}
+    for msg_id in later:
+        _, run_at, priority, created_at = by_id[msg_id]
+        assert priority == 7 and 3_590_000 <= run_at - created_at <= 3_610_000
+        assert states[msg_id] == "pending"
+    assert by_id[now[0]][1:3] == (None, 0) and states[now[0]] == "delivered"

@@ -90,7 +90,7 @@ async def test_stats_counts_every_status_and_lists_idle_signals(db_url):
         ("once", 0, 0, 0, 0, None)
     assert got["t.fan"].kind == "broadcast"
     assert set(ops.to_json(w)) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead",
-                                   "lag_ms", "flows", "paused"}
+                                   "lag_ms", "flows", "paused", "scheduled"}
     assert (w.description, w.flows) == ("t.work", ["w.work"])  # the description defaults to the name
     assert (idle.description, idle.flows) == ("never emitted", [])
 
@@ -170,7 +170,7 @@ async def test_messages_newest_first_filtered_and_paged(db_url):
 
         row = (await ops.messages(store, "t.list", limit=1))[0]
         assert set(ops.to_json(row)) == {"id", "status", "key", "attempts", "locked_by", "lease_expires_at",
-                                         "created_at", "parent_run_id"}
+                                         "created_at", "parent_run_id", "run_at", "priority", "dedupe"}
         assert isinstance(row.created_at, int) and row.created_at > 1_600_000_000_000
 
         with pytest.raises(ops.UnknownSignal) as err:

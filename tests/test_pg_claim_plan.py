@@ -43,6 +43,28 @@ async def test_the_generic_claim_plan_is_the_ordered_index_scan(pg_url):
         assert "Seq Scan on oke_messages u" in plan, plan
 
 
+async def test_with_delayed_and_prioritised_rows_the_plan_is_still_the_ordered_index_scan(pg_url):
+    """The ready index is ordered (priority DESC, seq): the claim's ORDER BY reads it in order, and
+    `run_at IS NULL OR run_at <= now` is a filter on the rows it reads, not a second scan."""
+    jobs = signal.once("plan.jobs", optional=True)
+    async with oke("p", database_url=pg_url, bindings=[]) as app:
+        await emit_many(app, jobs, list(range(2000)))
+        for n in range(200):
+            await app.emit(jobs, n, delay="1h" if n % 2 else None, priority=n % 3)
+        dsn = postgres.asyncpg_dsn(pg_url)
+        conn = await asyncpg.connect(dsn)
+        await conn.execute("ANALYZE oke_messages")
+        await conn.close()
+        plan = await _generic_plan(dsn, postgres.claim_statement(8), "text, bigint, text[]",
+                                   "'w', 30000, ARRAY['plan.jobs']")
+        assert "Index Scan using oke_messages_ready on oke_messages m" in plan, plan
+        assert "Seq Scan" not in plan and "Sort" not in plan, plan
+        assert "run_at" in plan, plan  # the due filter rides on that scan
+        claimed = await app.store.claim(["plan.jobs"], "w", 30_000, 8)
+    assert [c.priority for c in claimed] == [2] * 8  # the highest first, in seq order
+    assert [c.seq for c in claimed] == sorted(c.seq for c in claimed)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8"])
 def test_a_claim_size_that_is_not_a_positive_int_is_refused(bad):
     with pytest.raises(ValueError, match="claim limit"):

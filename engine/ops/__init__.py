@@ -65,6 +65,7 @@ from .records import (
     UnknownSignal,
     UnvalidatedPayload,
     to_json,
+    waits_until,
 )
 from .repair import UNCHANGED, default_actor
 from .workers import ORPHAN_AFTER_MS, SEEN_WITHIN_MS, WorkerInfo
@@ -87,6 +88,7 @@ __all__ = [
     "MessageRow",
     "NotPausable",
     "PauseState",
+    "waits_until",
     "Purged",
     "PurgePreview",
     "Replayed",

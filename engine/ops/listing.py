@@ -64,6 +64,9 @@ COLS = (
     m.c.lease_expires_at,
     m.c.created_at,
     m.c.parent_run_id,
+    m.c.run_at,
+    m.c.priority,
+    m.c.dedupe,
 )
 
 

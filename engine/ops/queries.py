@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from ..ids import now_ms
 from ..store import pauses, registry, schema
@@ -35,6 +36,7 @@ from .records import (
     SignalStats,
     UnknownMessage,
     UnknownSignal,
+    waits_until,
 )
 from .workers import ORPHAN_AFTER_MS, lease_orphaned
 
@@ -120,15 +122,13 @@ def stats(conn: Connection) -> list[SignalStats]:
     flows = registry.recent_flows(conn)
     paused = pauses.paused_signals(conn)
     now = now_ms()
+    clock = lease_clock_ms(conn)  # what "due" is judged by, as the claim does
     out = []
     for name in sorted(set(counts) | set(declared)):
         c = counts[name]
-        lag = None
+        lag, scheduled = None, 0
         if c["pending"]:
-            oldest = conn.execute(
-                select(m.c.created_at).where(m.c.signal == name, m.c.status == "pending").order_by(m.c.seq).limit(1)
-            ).scalar()
-            lag = max(0, now - oldest) if oldest is not None else None
+            lag, scheduled = _lag_and_scheduled(conn, name, now, clock)
         row = declared.get(name)
         kind = row.kind if row is not None else _inferred_kind(conn, name)
         out.append(
@@ -143,9 +143,22 @@ def stats(conn: Connection) -> list[SignalStats]:
                 lag_ms=lag,
                 flows=flows.get(name, []),
                 paused=name in paused,
+                scheduled=scheduled,
             )
         )
     return out
+
+
+def _lag_and_scheduled(conn: Connection, signal: str, now: int, clock: int) -> tuple[int | None, int]:
+    """The age of the oldest pending message that is due (None: none is), and how many pending
+    messages are not due yet (a delay, an `at`, a back-off: SPEC §12)."""
+    pending = and_(m.c.signal == signal, m.c.status == "pending")
+    due = or_(m.c.run_at.is_(None), m.c.run_at <= clock)
+    oldest = conn.execute(select(m.c.created_at).where(pending, due).order_by(m.c.seq).limit(1)).scalar()
+    scheduled = conn.execute(
+        select(func.count()).where(pending, m.c.run_at.is_not(None), m.c.run_at > clock)
+    ).scalar_one()
+    return (max(0, now - oldest) if oldest is not None else None), int(scheduled)
 
 
 # -- messages -----------------------------------------------------------------------------------
@@ -193,19 +206,7 @@ def message_page(
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
     walk = listing.Walk(conn, signal, filters, sort, descending, windowed)
     rows, nxt, cut = walk.page(limit, start)
-    items = [
-        MessageRow(
-            id=r.id,
-            status=r.status,
-            key=r.key,
-            attempts=r.attempts,
-            locked_by=r.locked_by,
-            lease_expires_at=r.lease_expires_at,
-            created_at=r.created_at,
-            parent_run_id=r.parent_run_id,
-        )
-        for r in rows
-    ]
+    items = [_message_row(r) for r in rows]
     newest_first = sort == "seq" and descending
     return MessagePage(
         items=items,
@@ -213,6 +214,22 @@ def message_page(
         clock_ms=lease_clock_ms(conn),
         next_cursor=nxt.encode() if nxt is not None else None,
         cut=cut,
+    )
+
+
+def _message_row(r: Any) -> MessageRow:
+    return MessageRow(
+        id=r.id,
+        status=r.status,
+        key=r.key,
+        attempts=r.attempts,
+        locked_by=r.locked_by,
+        lease_expires_at=r.lease_expires_at,
+        created_at=r.created_at,
+        parent_run_id=r.parent_run_id,
+        run_at=r.run_at,
+        priority=r.priority,
+        dedupe=r.dedupe,
     )
 
 
@@ -256,18 +273,8 @@ def dead_letters(conn: Connection, signal: str, limit: int | None = None) -> lis
     ]
 
 
-def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_MS) -> MessageDetail:
-    row = conn.execute(select(m).where(m.c.id == message_id)).first()
-    if row is None:
-        raise UnknownMessage([message_id], None, known_signals(conn))
-    now = lease_clock_ms(conn)
-    lease = Lease(
-        locked_by=row.locked_by,
-        lease_expires_at=row.lease_expires_at,
-        reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
-        orphaned=lease_orphaned(conn, row.status, row.locked_by, orphan_after_ms),
-    )
-    blocker = None
+def _blocker(conn: Connection, row: Any) -> Blocker | None:
+    """The oldest unfinished message of the same queue and key ahead of `row`, if any."""
     if row.key is not None and row.status in ("pending", "inflight"):
         head = conn.execute(
             select(m.c.id, m.c.status, m.c.attempts, m.c.locked_by, m.c.lease_expires_at, m.c.created_at)
@@ -282,7 +289,7 @@ def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_
             .limit(1)
         ).first()
         if head is not None:
-            blocker = Blocker(
+            return Blocker(
                 id=head.id,
                 status=head.status,
                 attempts=head.attempts,
@@ -290,6 +297,21 @@ def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_
                 lease_expires_at=head.lease_expires_at,
                 created_at=head.created_at,
             )
+    return None
+
+
+def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_MS) -> MessageDetail:
+    row = conn.execute(select(m).where(m.c.id == message_id)).first()
+    if row is None:
+        raise UnknownMessage([message_id], None, known_signals(conn))
+    now = lease_clock_ms(conn)
+    lease = Lease(
+        locked_by=row.locked_by,
+        lease_expires_at=row.lease_expires_at,
+        reclaimable=(row.status == "inflight" and row.lease_expires_at is not None and row.lease_expires_at < now),
+        orphaned=lease_orphaned(conn, row.status, row.locked_by, orphan_after_ms),
+    )
+    blocker = _blocker(conn, row)
     runs = trace_mod.runs_of_message(conn, message_id)
     if row.parent_run_id is not None:
         roots = [trace_mod.tree(conn, row.parent_run_id)]
@@ -314,6 +336,10 @@ def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_
         blocked_by=blocker,
         runs=runs,
         trace=roots,
+        run_at=row.run_at,
+        priority=row.priority,
+        dedupe=row.dedupe,
+        due_at=waits_until(row.status, row.run_at, now),
     )
 
 

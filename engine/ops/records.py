@@ -86,6 +86,7 @@ class SignalStats:
     lag_ms: int | None
     flows: list[str]
     paused: bool = False  # an operator paused it (SPEC §11): no process claims its messages
+    scheduled: int = 0  # pending messages not due yet (SPEC §12); lag_ms counts only due ones
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,15 @@ class MessageRow:
     lease_expires_at: int | None
     created_at: int
     parent_run_id: str | None
+    run_at: int | None = None  # not claimed before (a delay, an `at`, a back-off's next attempt)
+    priority: int = 0
+    dedupe: str | None = None
+
+
+def waits_until(status: str, run_at: int | None, now: int) -> int | None:
+    """When a pending message that is not due yet becomes due (its delay, or a back-off's next
+    attempt), else None: a run_at already passed, or of a message not pending, is no wait."""
+    return run_at if status == "pending" and run_at is not None and run_at > now else None
 
 
 @dataclass(frozen=True)
@@ -240,6 +250,10 @@ class MessageDetail:
     blocked_by: Blocker | None
     runs: list[RunNode]  # the attempts that handled this message (without their subtrees)
     trace: list[RunNode]  # run trees from their roots: the emitting run's, else each handling run's
+    run_at: int | None = None
+    priority: int = 0
+    dedupe: str | None = None
+    due_at: int | None = None  # waits_until(): set while a pending message is not due yet
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,10 @@ def replay(
         "finished_at": None,
         "updated_at": now,
         "replays": m.c.replays + 1,
+        # due now, whatever it waited for before; and it holds no dedupe key (another message may
+        # hold that key by now, and one key has one pending or inflight holder)
+        "run_at": None,
+        "dedupe": None,
     }
     if payload_text is not None:
         values["payload"] = payload_text

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
-from sqlalchemy import Connection, select, text, update
+from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
@@ -39,6 +39,17 @@ class NewMessage:
     parent_run_id: str | None
     created_at: int
     traceparent: str | None = None  # the emitting span's W3C context (engine/telemetry/tracing.py)
+    # The time and order options (SPEC §12): due `delay_ms` after the store's clock at the write,
+    # or at `run_at`; claimed by `priority` among due rows; one live row per (queue, dedupe).
+    delay_ms: int | None = None
+    run_at: int | None = None
+    priority: int = 0
+    dedupe: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        """No time or order option: the hot path's statement stores it as the seeds did."""
+        return self.delay_ms is None and self.run_at is None and self.priority == 0 and self.dedupe is None
 
 
 class Claimed(NamedTuple):
@@ -55,6 +66,7 @@ class Claimed(NamedTuple):
     attempts: int
     parent_run_id: str | None
     traceparent: str | None = None  # the span contexts it carries (engine/telemetry/tracing.py)
+    priority: int = 0
 
 
 class Outcome(NamedTuple):
@@ -69,6 +81,7 @@ class Outcome(NamedTuple):
     code: str | None = None
     message: str | None = None
     carried: str | None = None  # after a traced failure: the traceparent column's new value
+    retry_in_ms: int | None = None  # a failure under a back-off: due again this long after it
 
 
 # Keys are indexed beside the queue name (up to 401 characters) and PostgreSQL's btree rows hold
@@ -159,13 +172,15 @@ class Store(abc.ABC):
         """Run `fn` in a write transaction that commits whole or not at all."""
 
     @abc.abstractmethod
-    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
-        """Store the rows in one transaction (many in chunks) and wake the workers of their queues."""
+    async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
+        """Store the rows in one transaction (many in chunks) and wake the workers of their queues.
+        With a dedupe key held by a pending or inflight message, nothing is stored and that
+        message's id is returned (else None)."""
 
     @abc.abstractmethod
-    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> str | None:
         """Store the rows in the caller's open transaction (checked by store/caller.py): they exist
-        iff it commits, and this process's workers are woken once it has."""
+        iff it commits, and this process's workers are woken once it has. Dedupe as `enqueue`."""
 
     @abc.abstractmethod
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
@@ -211,6 +226,22 @@ class Store(abc.ABC):
             return held.rowcount == 1
 
         return await self.write(renew)
+
+    async def next_due_in_ms(self, queues: Sequence[str]) -> int | None:
+        """How long until the earliest pending message of `queues` that is not due yet becomes due,
+        by the lease clock (None: none waits). An idle worker sleeps that long at most."""
+        m = schema.messages
+
+        def read(conn: Connection) -> int | None:
+            now = lease_clock_ms(conn)
+            earliest = conn.execute(
+                select(func.min(m.c.run_at)).where(
+                    m.c.status == "pending", m.c.run_at.is_not(None), m.c.run_at > now, m.c.queue.in_(list(queues))
+                )
+            ).scalar()
+            return None if earliest is None else int(earliest) - now
+
+        return await self.read(read)
 
     @abc.abstractmethod
     def waker(self) -> Waker:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text
 
+from . import schema
+
 # table -> columns version 3 added (all nullable: older rows read as "never recorded")
 _V3_COLUMNS = {
     "oke_bindings": {"last_seen": "BIGINT", "ttl_ms": "BIGINT", "retired_at": "BIGINT"},
@@ -40,6 +42,11 @@ def add_binding_activity(conn: Connection) -> None:
 
 
 def add_message_timing(conn: Connection) -> None:
-    """3 -> 4: messages' run_at, priority, dedupe and traceparent, added in place (the pauses table is new and
-    comes from create_all). Existing messages are due, of priority 0, without a dedupe key."""
+    """3 -> 4: messages' run_at, priority, dedupe and traceparent, added in place (the pauses and
+    workers tables are new and come from create_all). Existing messages are due, of priority 0,
+    without a dedupe key, untraced. The claim's ready index is rebuilt ordered by priority, and the
+    dedupe and scheduled indexes added."""
     _add_columns(conn, _V4_COLUMNS)
+    conn.execute(text("DROP INDEX IF EXISTS oke_messages_ready"))
+    for index in schema.TIME_INDEXES:
+        index.create(conn, checkfirst=True)

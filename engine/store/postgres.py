@@ -24,8 +24,8 @@ from ..errors import StoreUnavailable
 from ..ids import now_ms
 from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
-from .sql.claim import postgres_claim_statement
-from .sql.enqueue import ENQUEUE_CHUNK, POSTGRES_INSERT, POSTGRES_KEY_LOCKS
+from .sql.claim import claim_order, postgres_claim_statement
+from .sql.enqueue import ENQUEUE_CHUNK, POSTGRES_HOLDER, POSTGRES_INSERT, POSTGRES_INSERT_TIMED, POSTGRES_KEY_LOCKS
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import Waker, tape_topic, wake_local, wake_tapes
@@ -148,29 +148,30 @@ class PostgresStore(Store):
         async with self.sa.begin() as conn:
             return await conn.run_sync(fn)
 
-    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+    async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         assert self.pool is not None, "store is not open"
         check_keys(rows)
         async with _acquire(self.pool) as conn:
-            if len(rows) > ENQUEUE_CHUNK or any(r.key is not None for r in rows):
-                async with conn.transaction():
-                    await _insert_rows(lambda sql, args: conn.execute(sql, *args), rows)
-            else:  # the common emit: one statement, atomic on its own
-                await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))
+            if len(rows) <= ENQUEUE_CHUNK and all(r.plain and r.key is None for r in rows):
+                await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))  # the common emit: one statement
+                holder = None
+            else:
+                holder = await _insert_in_transaction(_asyncpg_runner(conn), conn, rows)
         wake_local(self.url)
         self._maybe_compact_counts()
+        return holder
 
-    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> str | None:
         """The same statements on the caller's connection: their NOTIFY is delivered at its commit,
         to this process's listener as to every other's; its key locks are held until then."""
         check_keys(rows)
-        await _insert_rows(conn.exec_driver_sql, rows)
+        return await _insert_deduped(_sqlalchemy_runner(conn), rows)
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
         async with _acquire(self.pool) as conn:
             rows = await conn.fetch(claim_statement(limit), worker_id, lease_ms, list(queues))
-        return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
+        return claim_order([Claimed(*row) for row in rows])
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         # Not joined with the next claim (SQLite does that): here the settle runs on its own
@@ -238,7 +239,7 @@ class PostgresStore(Store):
 
 
 def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
-    """POSTGRES_INSERT's eleven arrays, in emit order."""
+    """The rows as the column arrays POSTGRES_INSERT unnests ($1 … $11)."""
     return (
         [r.id for r in rows],
         [r.signal for r in rows],
@@ -254,13 +255,80 @@ def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
     )
 
 
-async def _insert_rows(execute: Callable[[str, tuple[Any, ...]], Awaitable[Any]], rows: Sequence[NewMessage]) -> None:
-    """Inside a transaction: the per-key locks, then the rows, ENQUEUE_CHUNK a statement."""
+def _timed_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
+    """POSTGRES_INSERT_TIMED's option arrays ($12 … $15)."""
+    return (
+        [r.delay_ms for r in rows],
+        [r.run_at for r in rows],
+        [r.priority for r in rows],
+        [r.dedupe for r in rows],
+    )
+
+
+# run(sql, args, fetch): a statement on one connection, its rows when fetch (asyncpg's own
+# connection for our transactions, SQLAlchemy's for the caller's).
+Runner = Callable[[str, tuple[Any, ...], bool], Awaitable[list[Any]]]
+
+
+def _asyncpg_runner(conn: Any) -> Runner:
+    async def run(sql: str, args: tuple[Any, ...], fetch: bool) -> list[Any]:
+        if fetch:
+            return list(await conn.fetch(sql, *args))
+        await conn.execute(sql, *args)
+        return []
+
+    return run
+
+
+def _sqlalchemy_runner(conn: AsyncConnection) -> Runner:
+    async def run(sql: str, args: tuple[Any, ...], fetch: bool) -> list[Any]:
+        result = await conn.exec_driver_sql(sql, args)
+        return list(result.all()) if fetch else []
+
+    return run
+
+
+async def _insert_rows(run: Runner, rows: Sequence[NewMessage]) -> set[str]:
+    """Inside a transaction: the per-key locks, then the rows, ENQUEUE_CHUNK a statement (the
+    timed statement for a chunk with time or order options); the ids it stored."""
     keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
     if keys:
-        await execute(POSTGRES_KEY_LOCKS, (keys,))
+        await run(POSTGRES_KEY_LOCKS, (keys,), False)
+    stored: set[str] = set()
     for start in range(0, len(rows), ENQUEUE_CHUNK):
-        await execute(POSTGRES_INSERT, _insert_columns(rows[start : start + ENQUEUE_CHUNK]))
+        chunk = rows[start : start + ENQUEUE_CHUNK]
+        if all(r.plain for r in chunk):
+            await run(POSTGRES_INSERT, _insert_columns(chunk), False)
+            stored.update(r.id for r in chunk)
+        else:
+            found = await run(POSTGRES_INSERT_TIMED, (*_insert_columns(chunk), *_timed_columns(chunk)), True)
+            stored.update(row[0] for row in found)
+    return stored
+
+
+# Tries of a dedupe emit whose holder finished between the skipped insert and the read of its id.
+_DEDUPE_TRIES = 5
+
+
+async def _insert_deduped(run: Runner, rows: Sequence[NewMessage]) -> str | None:
+    """The rows; when the first one's dedupe key is held, nothing of it is stored and the holder's
+    id is returned. A skipped insert waited for a concurrent holder to commit; a holder that
+    finished before its id was read frees the key: insert again (every row of one emit carries
+    the key, so a second insert stores only what the first skipped)."""
+    first = rows[0]
+    for _ in range(_DEDUPE_TRIES):
+        stored = await _insert_rows(run, rows)
+        if first.dedupe is None or first.id in stored:
+            return None
+        found = await run(POSTGRES_HOLDER, (first.queue, first.dedupe), True)
+        if found:
+            return str(found[0][0])
+    raise RuntimeError(f'emit("{first.signal}", dedupe=...): the key kept changing hands; try again')
+
+
+async def _insert_in_transaction(run: Runner, conn: Any, rows: Sequence[NewMessage]) -> str | None:
+    async with conn.transaction():
+        return await _insert_deduped(run, rows)
 
 
 async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
@@ -321,6 +389,7 @@ async def _fail_with_runs(
             out.message,
             out.ended_at,
             out.run_id,
+            out.retry_in_ms,
             out.carried,
         )
         if attempt is not None:

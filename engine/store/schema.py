@@ -13,7 +13,8 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
 # 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe) and traceparent
-#    (OpenTelemetry context); paused signals; the workers' heartbeats (oke_workers: a new table)
+#    (OpenTelemetry context), the ready index ordered by priority, the dedupe and scheduled indexes;
+#    paused signals; the workers' heartbeats (oke_workers: a new table)
 SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
@@ -122,13 +123,27 @@ workers = Table(
 )
 
 
-def _partial_index(name: str, *columns: Any, where: str) -> Index:
+def _partial_index(name: str, *columns: Any, where: str, unique: bool = False) -> Index:
     """An index over only the rows where `where` holds, the same on SQLite and PostgreSQL."""
-    return Index(name, *columns, sqlite_where=text(where), postgresql_where=text(where))
+    return Index(name, *columns, unique=unique, sqlite_where=text(where), postgresql_where=text(where))
 
 
-# The claim scans only ready rows, in emit order (partial: delivered rows cost nothing).
-_partial_index("oke_messages_ready", messages.c.seq, where=READY)
+# The claim scans only ready rows, higher priority first, then in emit order (partial: delivered
+# rows cost nothing). Every row has priority 0 unless an emit asked otherwise, so without the
+# option the scan is the seq order it always was.
+READY_INDEX = _partial_index("oke_messages_ready", messages.c.priority.desc(), messages.c.seq, where=READY)
+# One pending or inflight message per (queue, dedupe key): an emit's INSERT … ON CONFLICT DO
+# NOTHING names this index's columns and predicate, so concurrent emits store exactly one. A queue
+# is the signal for a once message, so this is one per (signal, key); each broadcast copy has its own.
+DEDUPE_LIVE = "dedupe IS NOT NULL AND " + READY
+DEDUPE_INDEX = _partial_index(
+    "oke_messages_dedupe", messages.c.queue, messages.c.dedupe, where=DEDUPE_LIVE, unique=True
+)
+# Pending messages with a due time, by queue: an idle worker reads the next run_at here to sleep
+# until then. Partial: rows due since they were stored are not in it.
+SCHEDULED = "status = 'pending' AND run_at IS NOT NULL"
+SCHEDULED_INDEX = _partial_index("oke_messages_scheduled", messages.c.queue, messages.c.run_at, where=SCHEDULED)
+TIME_INDEXES = (READY_INDEX, DEDUPE_INDEX, SCHEDULED_INDEX)
 # Per-key FIFO: the head of a key among ready rows.
 _partial_index(
     "oke_messages_ready_key",

@@ -38,8 +38,8 @@ from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .outage import READ_ONLY, disk_condition, read_only_dir
-from .sql.claim import sqlite_claim_statement
-from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_INSERT
+from .sql.claim import claim_order, sqlite_claim_statement
+from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
 from .sql.settle import (
     ACK_BATCH_FROM,
     ACK_ROWS_PER_STATEMENT,
@@ -354,24 +354,38 @@ class SqliteStore(Store):
 
         return await self._writer.call(run)
 
-    async def enqueue(self, rows: Sequence[NewMessage]) -> None:
+    async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         check_keys(rows)
-        params = _insert_params(rows)
-        # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
-        # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
-        await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
-        )
+        if all(r.plain for r in rows):
+            params = [_insert_params(r) for r in rows]
+            # The cursor is closed on the writer thread: freeing it on the loop thread while the writer
+            # uses the connection is an API misuse sqlite3 reports (about 1 in 100 concurrent emits).
+            await self._writer.call(
+                lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
+            )
+            holder = None
+        else:
+            holder = await self._writer.call(lambda conn: _in_write_tx(conn, lambda raw: _insert_timed(raw, rows)))
         wake_local(self.url)
+        return holder
 
-    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> None:
+    async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> str | None:
         """On the caller's connection, in chunks; SQLite's lock holds other writers off until its
         commit, and this process's workers are woken after it (store/caller.py)."""
         check_keys(rows)
-        params = _insert_params(rows)
-        for start in range(0, len(params), ENQUEUE_CHUNK):
-            await conn.exec_driver_sql(SQLITE_INSERT, params[start : start + ENQUEUE_CHUNK])
+        holder = None
+        if all(r.plain for r in rows):
+            params = [_insert_params(r) for r in rows]
+            for start in range(0, len(params), ENQUEUE_CHUNK):
+                await conn.exec_driver_sql(SQLITE_INSERT, params[start : start + ENQUEUE_CHUNK])
+        else:
+            now = now_ms()
+            for i, r in enumerate(rows):
+                stored = (await conn.exec_driver_sql(SQLITE_INSERT_TIMED, _timed_params(r, now))).rowcount
+                if not stored and i == 0:
+                    holder = (await conn.exec_driver_sql(SQLITE_HOLDER, (r.queue, r.dedupe))).scalar()
         wake_after_commit(conn, self.url)
+        return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = sqlite_claim_statement(len(queues))
@@ -415,25 +429,40 @@ class SqliteStore(Store):
         return Waker(self.url, tape_topic(signal), WalWatch(self.path))
 
 
-def _insert_params(rows: Sequence[NewMessage]) -> list[tuple[Any, ...]]:
-    """SQLITE_INSERT's parameters, one tuple a row."""
-    return [
-        (
-            r.id,
-            r.signal,
-            r.queue,
-            r.flow,
-            r.key,
-            r.payload,
-            r.retries,
-            int(r.dead_letter),
-            r.created_at,
-            r.created_at,
-            r.parent_run_id,
-            r.traceparent,
-        )
-        for r in rows
-    ]
+def _insert_params(r: NewMessage) -> tuple[Any, ...]:
+    """SQLITE_INSERT's parameters for one row."""
+    return (
+        r.id,
+        r.signal,
+        r.queue,
+        r.flow,
+        r.key,
+        r.payload,
+        r.retries,
+        int(r.dead_letter),
+        r.created_at,
+        r.created_at,
+        r.parent_run_id,
+        r.traceparent,
+    )
+
+
+def _timed_params(r: NewMessage, now: int) -> tuple[Any, ...]:
+    """SQLITE_INSERT_TIMED's parameters for one row (this machine's clock is the claim's)."""
+    run_at = now + r.delay_ms if r.delay_ms is not None else r.run_at
+    return (*_insert_params(r), run_at, r.priority, r.dedupe)
+
+
+def _insert_timed(raw: sqlite3.Connection, rows: Sequence[NewMessage]) -> str | None:
+    """Rows with time or order options, one by one: the first row's dedupe holder, when its key
+    is held, else None."""
+    now = now_ms()
+    holder = None
+    for i, r in enumerate(rows):
+        stored = raw.execute(SQLITE_INSERT_TIMED, _timed_params(r, now)).rowcount
+        if not stored and i == 0:
+            holder = raw.execute(SQLITE_HOLDER, (r.queue, r.dedupe)).fetchone()[0]
+    return holder
 
 
 def _claim_in(
@@ -443,7 +472,7 @@ def _claim_in(
     params: dict[str, Any] = {"worker": worker_id, "lease_until": now + lease_ms, "now": now, "limit": limit}
     params.update({f"q{i}": q for i, q in enumerate(queues)})
     rows = raw.execute(sql, params).fetchall()
-    return sorted((Claimed(*row) for row in rows), key=lambda c: c.seq)
+    return claim_order([Claimed(*row) for row in rows])
 
 
 def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int) -> bool:
@@ -505,7 +534,7 @@ def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int,
     if out.ok:
         if raw.execute(SQLITE_ACK, fence).rowcount == 1:
             held.add((c.seq, c.attempts))
-    elif raw.execute(SQLITE_FAIL, {**fence, "carried": out.carried}).rowcount == 1:
+    elif raw.execute(SQLITE_FAIL, {**fence, "carried": out.carried, "retry_in": out.retry_in_ms}).rowcount == 1:
         held.add((c.seq, c.attempts))
         raw.execute(
             SQLITE_FAILURE_ROW,

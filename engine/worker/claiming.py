@@ -123,12 +123,24 @@ class Claiming(ClaimAhead, Settling, Pausing):
         return False
 
     async def _wait_for_work(self, waker: Waker) -> None:
-        """The queues are empty: wait for a wake-up (an emit, a notification), a stop, or the poll."""
+        """The queues are empty: wait for a wake-up (an emit, a notification), a stop, the next
+        delayed message's due time, or the poll, whichever comes first."""
         self._claim_idle()
-        waits = [
-            asyncio.ensure_future(waker.wait(self._idle_poll_s(IDLE_POLL_S))),
-            asyncio.ensure_future(self.runtime.stop.wait()),
-        ]
+        timeout = self._idle_poll_s(await self._until_next_due())
+        waits = [asyncio.ensure_future(waker.wait(timeout)), asyncio.ensure_future(self.runtime.stop.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
             w.cancel()
+
+    async def _until_next_due(self) -> float:
+        """Seconds to sleep when idle: until the earliest not-yet-due message is due, at most
+        IDLE_POLL_S (a delay emitted meanwhile wakes the worker through its emit's wake-up)."""
+        try:
+            due_in_ms = await self.store.next_due_in_ms(self.queues)
+        except Exception as err:
+            if not is_outage(err):
+                raise
+            return IDLE_POLL_S  # the next claim meets the outage and backs off
+        if due_in_ms is None:
+            return IDLE_POLL_S
+        return min(IDLE_POLL_S, (due_in_ms + 1) / 1000)

@@ -97,8 +97,10 @@ class Running(PoolState):
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
         carried = self.hooks.end(watch, route, claimed, error)  # metrics and tracing (engine/telemetry)
+        backoff = route.signal.backoff
+        retry_in = backoff.delay_after(claimed.attempts) if backoff is not None and not ok else None
         self.pending_outcomes.append(
-            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message, carried)
+            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message, carried, retry_in)
         )
         self.outcome_ready.set()
 

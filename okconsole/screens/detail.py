@@ -88,6 +88,12 @@ class DetailScreen(MessageControls):
                 lines.append("[b red]⚠ orphaned[/]: its holder has not been seen for 30 s (stuck, not slow; :workers)")
         else:
             lines.append("lease: none")
+        if d.due_at is not None:  # a delay or a back-off's next attempt still ahead
+            what = "next attempt" if d.attempts else "due"
+            left = fmt.span(d.due_at - fmt.now_ms())
+            lines.append(f"[b yellow]{what} at {fmt.clock(d.due_at)}[/] (in {left}): not claimed before")
+        if d.priority or d.dedupe is not None:
+            lines.append(f"priority {d.priority} · dedupe {d.dedupe or '—'}")
         if d.blocked_by is not None:
             b = d.blocked_by
             lines.append(

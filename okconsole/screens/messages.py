@@ -139,6 +139,9 @@ class MessagesScreen(MessageControls):
             head = heads.get(row.key or "")
             if row.status == "pending" and head is not None and head != row.id:
                 note = f"blocked behind {head}"
+            due = ops.waits_until(row.status, row.run_at, now)
+            if due is not None and not note:  # a delay, or a back-off's next attempt
+                note = f"{'retry' if row.attempts else 'due'} in {fmt.span(due - now)}"
             if row.parent_run_id and not note:
                 note = f"from {row.parent_run_id}"
             wanted[row.id] = [

@@ -13,9 +13,10 @@ the tape.
 
 Each handler call appends lines (one os.write each, O_APPEND) to DIR/events-<ID>:
 
-    S <msg_id> <attempt> <ID> <start_ms> <locked_by> <row_attempts> <lease_expires_at>
-        at handler start; the last three are read from the message row (plain SQL) right then,
-        "?" when the read failed (the database was restarting)
+    S <msg_id> <attempt> <ID> <start_ms> <locked_by> <row_attempts> <lease_expires_at> <run_at> <store_now>
+        at handler start; locked_by … run_at are read from the message row (plain SQL) right then,
+        with the store's clock (PostgreSQL's clock_timestamp, this machine's for SQLite); "?" when
+        the read failed (the database was restarting), "-" for NULL
     T <msg_id> <attempt> <ID> <event_id>        the tape event this attempt appended
     X <msg_id> <attempt> <ID> <end_ms> <code>   fx.emit to the tape raised (an outage): the
                                                  handler fails with that error
@@ -56,7 +57,8 @@ def now_ms() -> int:
 
 
 class RowReader:
-    """Reads (locked_by, attempts, lease_expires_at) of a message with the database's own driver."""
+    """Reads (locked_by, attempts, lease_expires_at, run_at) of a message and the store's clock,
+    with the database's own driver."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -72,19 +74,21 @@ class RowReader:
             dsn = self.url.replace("postgresql+asyncpg://", "postgresql://", 1)
             self.pool = await asyncpg.create_pool(dsn, min_size=0, max_size=2, timeout=5)
 
-    async def lease(self, msg_id: str) -> tuple[str, str, str]:
-        sql = "SELECT locked_by, attempts, lease_expires_at FROM oke_messages WHERE id = "
+    async def lease(self, msg_id: str) -> tuple[str, ...]:
+        sql = "SELECT locked_by, attempts, lease_expires_at, run_at, {clock} FROM oke_messages WHERE id = "
         try:
             if self.sqlite is not None:
-                row = self.sqlite.execute(sql + "?", (msg_id,)).fetchone()  # WAL: never waits on writers
+                q = sql.format(clock=str(now_ms())) + "?"
+                row = self.sqlite.execute(q, (msg_id,)).fetchone()  # WAL: never waits on writers
             else:
+                q = sql.format(clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint") + "$1"
                 async with asyncio.timeout(5):
-                    row = await self.pool.fetchrow(sql + "$1", msg_id)
+                    row = await self.pool.fetchrow(q, msg_id)
         except Exception:  # the database is restarting: the attempt goes on, its lease unknown
-            return ("?", "?", "?")
+            return ("?",) * 5
         if row is None:
-            return ("?", "?", "?")
-        return tuple("-" if v is None else str(v) for v in row)  # type: ignore[return-value]
+            return ("?",) * 5
+        return tuple("-" if v is None else str(v) for v in row)
 
 
 def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) -> None:
@@ -100,8 +104,7 @@ def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) 
     @flow(FLOW)
     async def handle(plan, fx):
         started = now_ms()
-        holder, row_attempts, lease = await reader.lease(fx.message_id)
-        log("S", fx.message_id, fx.attempt, me, started, holder, row_attempts, lease)
+        log("S", fx.message_id, fx.attempt, me, started, *await reader.lease(fx.message_id))
         if fx.attempt in plan["slow"]:
             await asyncio.sleep(slow_s)  # outlive the lease: the message is reclaimed meanwhile
         else:

@@ -1,14 +1,20 @@
-"""The claim, both dialects side by side: take up to N eligible messages under a lease, in seq order.
+"""The claim, both dialects side by side: take up to N eligible messages under a lease, higher
+priority first, then in seq order.
 
-Eligible: pending, or inflight past its lease; and, for a keyed message, the head of its key among
-ready rows (per-key FIFO). Both scan the partial index `oke_messages_ready` (schema.py): the WHERE
-repeats its `status IN ('pending', 'inflight')` so SQLite uses it. SQLite has one writer, so it needs
+Eligible: pending and due (no run_at, or run_at reached by the lease clock), or inflight past its
+lease; and, for a keyed message, the head of its key among ready rows (per-key FIFO: a head that
+is not due yet holds the later messages of its key back). Both scan the partial index
+`oke_messages_ready` (schema.py) in its (priority DESC, seq) order: the WHERE repeats its
+`status IN ('pending', 'inflight')` so SQLite uses it. SQLite has one writer, so it needs
 no row locks; PostgreSQL claims with `FOR UPDATE SKIP LOCKED` and judges leases by its own clock.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # -- SQLite: `:worker`, `:lease_until`, `:now`, `:limit`, and one `:qN` per queue ({queues}).
 SQLITE_CLAIM = """
@@ -17,7 +23,7 @@ UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = att
  WHERE seq IN (
    SELECT m.seq FROM oke_messages AS m
     WHERE m.status IN ('pending', 'inflight')
-      AND (m.status = 'pending' OR m.lease_expires_at < :now)
+      AND (m.status = 'pending' AND (m.run_at IS NULL OR m.run_at <= :now) OR m.lease_expires_at < :now)
       AND m.queue IN ({queues})
       AND (m.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM oke_messages AS o
@@ -25,8 +31,8 @@ UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = att
                AND o.queue = m.queue AND o.key = m.key
                AND (o.seq < m.seq
                     OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
-    ORDER BY m.seq LIMIT :limit)
-RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent
+    ORDER BY m.priority DESC, m.seq LIMIT :limit)
+RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent, priority
 """
 
 
@@ -48,7 +54,7 @@ WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS 
 picked AS (
   SELECT m.seq FROM oke_messages AS m, clock
    WHERE m.status IN ('pending', 'inflight')
-     AND (m.status = 'pending' OR m.lease_expires_at < clock.now)
+     AND (m.status = 'pending' AND (m.run_at IS NULL OR m.run_at <= clock.now) OR m.lease_expires_at < clock.now)
      AND m.queue = ANY($3::text[])
      AND (m.key IS NULL OR NOT EXISTS (
            SELECT 1 FROM oke_messages AS o
@@ -56,13 +62,14 @@ picked AS (
               AND o.queue = m.queue AND o.key = m.key
               AND (o.seq < m.seq
                    OR (o.status = 'inflight' AND o.lease_expires_at >= clock.now AND o.seq <> m.seq))))
-   ORDER BY m.seq LIMIT {limit}
+   ORDER BY m.priority DESC, m.seq LIMIT {limit}
    FOR UPDATE OF m SKIP LOCKED)
 UPDATE oke_messages AS u
    SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
        lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
   FROM picked, clock WHERE u.seq = picked.seq
-RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id, u.traceparent
+RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id, u.traceparent,
+          u.priority
 """
 
 
@@ -76,3 +83,13 @@ def postgres_claim_statement(limit: int) -> str:
 
 # The lease clock: PostgreSQL's own (claims on many machines share it); SQLite uses this machine's.
 POSTGRES_LEASE_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+def claim_order(claimed: list[T]) -> list[T]:
+    """A claim's rows in the order they are started: higher priority first, then emit order
+    (RETURNING gives them in no order)."""
+    return sorted(claimed, key=_start_key)
+
+
+def _start_key(c: Any) -> tuple[int, int]:
+    return (-c.priority, c.seq)

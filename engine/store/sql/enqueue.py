@@ -3,6 +3,11 @@
 SQLite inserts row by row through `executemany` and the store wakes this process's workers;
 PostgreSQL inserts every row from arrays in one statement that also NOTIFYs each queue it filled
 (sent at commit), after taking the per-key locks when any row has a key.
+
+Rows with a time or order option (run_at, priority, dedupe: SPEC §12) go through the `_TIMED`
+statements instead, so an emit without them runs the statement it always ran. Those skip a row
+whose dedupe key a pending or inflight message of its queue holds (ON CONFLICT on the partial
+unique index `oke_messages_dedupe`, whose predicate the conflict target repeats).
 """
 
 from __future__ import annotations
@@ -11,27 +16,69 @@ from __future__ import annotations
 # bounds the arrays (PostgreSQL) and the parameter lists (SQLite) a statement carries.
 ENQUEUE_CHUNK = 5_000
 
-# -- SQLite: one row of 12 parameters per message.
-SQLITE_INSERT = """
-INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                          dead_letter, created_at, updated_at, parent_run_id, replays, traceparent)
+_COLUMNS = (
+    "id, signal, queue, flow, key, payload, status, attempts, retries, dead_letter, created_at, "
+    "updated_at, parent_run_id, replays, traceparent"
+)
+_ON_DEDUPE = "ON CONFLICT (queue, dedupe) WHERE dedupe IS NOT NULL AND status IN ('pending', 'inflight') DO NOTHING"
+
+# -- SQLite: one row of 12 parameters per message (15 for the timed one: run_at, priority, dedupe).
+SQLITE_INSERT = f"""
+INSERT INTO oke_messages ({_COLUMNS})
 VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, 0, ?)
 """
+SQLITE_INSERT_TIMED = f"""
+INSERT INTO oke_messages ({_COLUMNS}, run_at, priority, dedupe)
+VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)
+{_ON_DEDUPE}
+"""
+
+# Which message holds a dedupe key of a queue (both dialects; read after a skipped insert).
+HOLDER_OF_DEDUPE = (
+    "SELECT id FROM oke_messages WHERE queue = {q} AND dedupe = {d} AND status IN ('pending', 'inflight')"
+)
+SQLITE_HOLDER = HOLDER_OF_DEDUPE.format(q="?", d="?")
+POSTGRES_HOLDER = HOLDER_OF_DEDUPE.format(q="$1", d="$2")
 
 # -- PostgreSQL: $1 … $11 are the columns as arrays, in emit order.
-POSTGRES_INSERT = """
-WITH ins AS (
-  INSERT INTO oke_messages (id, signal, queue, flow, key, payload, status, attempts, retries,
-                            dead_letter, created_at, updated_at, parent_run_id, replays, traceparent)
-  SELECT t.id, t.signal, t.queue, t.flow, t.key, t.payload, 'pending', 0, t.retries,
-         t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0, t.traceparent
+_POSTGRES_ROWS = """
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-                $8::bool[], $9::bigint[], $10::text[], $11::text[]) WITH ORDINALITY
+                $8::bool[], $9::bigint[], $10::text[], $11::text[]{extra_arrays}) WITH ORDINALITY
          AS t(id, signal, queue, flow, key, payload, retries, dead_letter, created_at, parent_run_id,
-              traceparent, ord)
+              traceparent{extra_names}, ord)"""
+_POSTGRES_VALUES = (
+    "t.id, t.signal, t.queue, t.flow, t.key, t.payload, 'pending', 0, t.retries, "
+    "t.dead_letter, t.created_at, t.created_at, t.parent_run_id, 0, t.traceparent"
+)
+
+POSTGRES_INSERT = f"""
+WITH ins AS (
+  INSERT INTO oke_messages ({_COLUMNS})
+  SELECT {_POSTGRES_VALUES}
+  {_POSTGRES_ROWS.format(extra_arrays="", extra_names="")}
    ORDER BY t.ord
   RETURNING queue)
 SELECT pg_notify('oke_wake', q) FROM (SELECT DISTINCT queue AS q FROM ins) AS d
+"""
+
+# $12 delay_ms (from PostgreSQL's clock: the one the claim judges run_at by), $13 run_at,
+# $14 priority, $15 dedupe. Returns the ids it stored (a row skipped for its dedupe key is not).
+POSTGRES_INSERT_TIMED = f"""
+WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
+ins AS (
+  INSERT INTO oke_messages ({_COLUMNS}, run_at, priority, dedupe)
+  SELECT {_POSTGRES_VALUES},
+         CASE WHEN t.delay_ms IS NULL THEN t.run_at ELSE clock.now + t.delay_ms END, t.priority, t.dedupe
+  {
+    _POSTGRES_ROWS.format(
+        extra_arrays=", $12::bigint[], $13::bigint[], $14::int[], $15::text[]",
+        extra_names=", delay_ms, run_at, priority, dedupe",
+    )
+}, clock
+   ORDER BY t.ord
+  {_ON_DEDUPE}
+  RETURNING id, queue)
+SELECT id, pg_notify('oke_wake', queue) FROM ins
 """
 
 # Keyed emits take a per-key transaction lock first, so seq order is commit order within a key:

@@ -46,11 +46,13 @@ UPDATE oke_messages SET status = 'delivered', locked_by = NULL, lease_expires_at
  WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
 """
 
+# A failure left pending is due again at once (run_at NULL), or, under a back-off, :retry_in ms on.
 SQLITE_FAIL = """
 UPDATE oke_messages
    SET status = CASE WHEN attempts <= retries THEN 'pending'
                      WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
        finished_at = CASE WHEN attempts <= retries THEN NULL ELSE :now END,
+       run_at = CASE WHEN attempts <= retries THEN :now + :retry_in ELSE run_at END,
        locked_by = NULL, lease_expires_at = NULL, updated_at = :now,
        traceparent = COALESCE(:carried, traceparent)
  WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
@@ -99,14 +101,19 @@ runs AS (
 SELECT seq, attempts FROM acked
 """
 
+# $9: the back-off in ms (NULL: due again at once), from PostgreSQL's clock like the claim's;
+# $10: after a traced failure, the traceparent column's new value (NULL: unchanged).
 POSTGRES_FAIL = """
 WITH u AS (
   UPDATE oke_messages
      SET status = CASE WHEN attempts <= retries THEN 'pending'
                        WHEN dead_letter THEN 'dead' ELSE 'delivered' END,
          finished_at = CASE WHEN attempts <= retries THEN NULL ELSE $3::bigint END,
+         run_at = CASE WHEN attempts <= retries
+                       THEN (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $9::bigint
+                       ELSE run_at END,
          locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint,
-         traceparent = COALESCE($9::text, traceparent)
+         traceparent = COALESCE($10::text, traceparent)
    WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
   RETURNING id, attempts, status)
 INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
