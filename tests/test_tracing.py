@@ -119,6 +119,31 @@ async def test_an_emit_outside_any_span_starts_a_trace_of_its_own(db_url, spans)
     assert len(retried) == 2 and {s.links[0].context.span_id for s in retried} == failed
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+async def test_an_exception_that_cannot_describe_itself_still_ends_its_span(db_url, spans):
+    jobs = signal.once("jobs", retries=1)
+
+    async def handle(_payload, fx):
+        if fx.attempt == 1:
+            raise Unprintable()
+
+    on(jobs, flow("workers.jobs", do=handle))
+    async with oke("shop", database_url=db_url) as app:
+        msg = await app.emit(jobs, {})
+        await app.drain()
+        status = await app.store.read(
+            lambda c: c.execute(text(f"SELECT status FROM oke_messages WHERE id = '{msg}'")).scalar()
+        )
+    assert status == "delivered"
+    first, second = runs(spans.get_finished_spans())["oke.run workers.jobs"]
+    assert first.status.status_code == trace.StatusCode.ERROR and "Unprintable" in first.status.description
+    assert second.links[0].context.span_id == first.context.span_id
+
+
 def test_import_engine_and_running_an_app_never_import_opentelemetry(tmp_path):
     code = textwrap.dedent(f"""
         import asyncio, sys

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..worker.failures import failure_message
+
 TRACER_NAME = "okengine"
 _API = "opentelemetry.trace"
 
@@ -82,8 +84,12 @@ class RunSpan:
         carried = None
         if error is not None:
             api = sys.modules[_API]
-            self.span.record_exception(error)
-            self.span.set_status(api.Status(api.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            message = failure_message(error)  # an exception whose str() raises still ends its span
+            try:
+                self.span.record_exception(error)
+            except Exception:
+                self.span.add_event("exception", {"exception.type": type(error).__name__, "exception.message": message})
+            self.span.set_status(api.Status(api.StatusCode.ERROR, f"{type(error).__name__}: {message}"))
             carried = f"{self.parent};{format_traceparent(self.span.get_span_context()) or ''}"
         self.span.end()
         return carried
