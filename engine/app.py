@@ -10,7 +10,8 @@ import socket
 import time
 from typing import Any
 
-from . import payloads
+from . import history, payloads
+from .background import Background
 from .durations import parse_duration_ms
 from .emitting import rows_for
 from .errors import OkeError, StoreUnavailable
@@ -18,6 +19,7 @@ from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
+from .retention import parse_policy
 from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
 from .runtime import HttpRuntime, Runtime, not_started
@@ -49,6 +51,10 @@ class OkeApp:
         sse_heartbeat_s: float = 15.0,
         busy_timeout_ms: int | None = None,
         binding_ttl: str = registry.DEFAULT_BINDING_TTL,
+        history_ttl: str = history.DEFAULT_HISTORY_TTL,
+        keep_delivered: str | None = None,
+        keep_dead: str | None = None,
+        keep_runs: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -75,6 +81,9 @@ class OkeApp:
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
         self.busy_timeout_ms = busy_timeout_ms
         self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
+        self.history_ttl_ms = history.parse_ttl_ms("history_ttl", history_ttl)
+        self.retention_policy = parse_policy(keep_delivered, keep_dead, keep_runs)
+        self.background: Background | None = None  # history writer and retention, while started
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
@@ -120,6 +129,8 @@ class OkeApp:
         self.store = store
         self._appender = LiveAppender(store, self._wake_live)
         self._stop_requested = asyncio.Event()
+        self.background = Background(store, self.history_ttl_ms, self.retention_policy)
+        self.background.start()
 
     async def stop(self) -> None:
         """Ask `run()` / `serve()` to return: running handlers finish (within the grace period)."""
@@ -134,6 +145,9 @@ class OkeApp:
             try:
                 if appender is not None:
                     await appender.close()  # queued live appends commit (or fail) before the store goes
+                background, self.background = self.background, None
+                if background is not None:
+                    await background.close()  # the last history counts are written
             finally:
                 store, self.store = self.store, None
                 await store.close()
@@ -309,6 +323,7 @@ class OkeApp:
         runtime = self._runtime()
         self._stop_requested.clear()
         await WorkerPool(runtime, self._routes(), concurrency).run(until_idle=True)
+        await history.flush_or_keep(runtime.store)  # what the drain did is in history when it returns
 
     async def run(self, concurrency: int = 8) -> None:
         """Run workers until `stop()`, refreshing this app's bindings' last_seen meanwhile."""

@@ -26,6 +26,7 @@ from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
 from ..store.wake import wake_local
+from . import history as _history
 from . import queries, repair, unbinding
 from . import trace as _trace
 from .records import (
@@ -56,6 +57,7 @@ from .records import (
     UnvalidatedPayload,
     to_json,
 )
+from .history import HistoryPoint
 from .repair import UNCHANGED, default_actor
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "EmittedMessage",
     "Failure",
     "FailureGroup",
+    "HistoryPoint",
     "Lease",
     "MessageDetail",
     "MessagePage",
@@ -91,6 +94,7 @@ __all__ = [
     "dead_letters",
     "default_actor",
     "failures",
+    "history",
     "known_signals",
     "message_page",
     "messages",
@@ -119,6 +123,12 @@ async def signal_info(store: Store, name: str) -> SignalInfo | None:
 async def stats(store: Store) -> list[SignalStats]:
     """Per signal (recorded ones included at zero): counts by status and the oldest pending age."""
     return await store.read(queries.stats)
+
+
+async def history(store: Store, signal: str, since_ms: int, until_ms: int | None = None) -> list[HistoryPoint]:
+    """`signal`'s counts per minute since `since_ms` (epoch ms), oldest first and gap-free
+    (engine/ops/history.py); UnknownSignal when the store knows no such signal."""
+    return await store.read(lambda conn: _history.history(conn, signal, since_ms, until_ms))
 
 
 async def message_page(

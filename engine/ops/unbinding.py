@@ -2,7 +2,7 @@
 
 Runs inside ONE write transaction given by `Store.write`: the binding's retirement, the copies'
 status change, their failure records (code "Unbound", replayable like any dead letter) and the
-audit row commit together. The status change is guarded (`status = 'pending'`, or `inflight`
+audit row commit together, and so does the history count of the copies it ended dead. The status change is guarded (`status = 'pending'`, or `inflight`
 past its lease), so a copy a worker holds under a live lease is left to finish.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, and_, or_, update
 
-from ..store import queue_name, registry, schema
+from ..store import history, queue_name, registry, schema
 from ..store.base import lease_clock_ms
 from . import queries
 from .records import UnknownFlow
@@ -71,6 +71,7 @@ def end_copies(
             for r in rows
         ],
     )
+    history.record(conn, signal, now, dead=len(rows))  # in this transaction: counted once it commits
     return [r.id for r in sorted(rows, key=lambda r: r.seq)]
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, select, text, update
 from ..errors import SchemaTooNew
 from ..ids import now_ms
 from . import counts, migrations, schema
+from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .wake import Waker
 
@@ -137,6 +138,9 @@ class Store(abc.ABC):
 
     dialect: str
     url: str
+    # What this process's enqueues and settles counted for history since the last flush (each
+    # store sets its own in __init__; the app's background pass writes it, engine/history.py).
+    tally: HistoryTally
 
     @abc.abstractmethod
     async def open(self) -> None: ...

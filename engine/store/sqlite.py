@@ -35,6 +35,7 @@ from sqlalchemy.pool import StaticPool
 from ..errors import StoreUnavailable
 from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from .history import HistoryTally
 from .outage import READ_ONLY, disk_condition, read_only_dir
 from .sql.claim import sqlite_claim_statement
 from .sql.enqueue import SQLITE_INSERT
@@ -321,6 +322,7 @@ class SqliteStore(Store):
             "oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms, may_create=True, syncs_wal=True
         )
         self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
+        self.tally = HistoryTally()
 
     async def open(self) -> None:
         try:
@@ -375,6 +377,7 @@ class SqliteStore(Store):
         await self._writer.call(
             lambda conn: _in_write_tx(conn, lambda raw: raw.executemany(SQLITE_INSERT, params).close())
         )
+        self.tally.emitted((r.signal, r.created_at) for r in rows)
         wake_local(self.url)
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
@@ -385,9 +388,11 @@ class SqliteStore(Store):
         )
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        failed_to: dict[tuple[int, int], str] = {}
         held = await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes))
+            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes, failed_to))
         )
+        self.tally.settled(outcomes, held, failed_to)
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # a failed attempt is pending again at once
         return held
@@ -401,13 +406,17 @@ class SqliteStore(Store):
         claim sees the settle (a failed attempt is claimable again in the same transaction)."""
         sql = sqlite_claim_statement(len(queues))
 
+        failed_to: dict[tuple[int, int], str] = {}
+
         def run(raw: sqlite3.Connection) -> tuple[list[bool], list[Claimed]]:
-            held = _settle_in(raw, worker_id, outcomes) if outcomes else []
+            held = _settle_in(raw, worker_id, outcomes, failed_to) if outcomes else []
             return held, _claim_in(raw, sql, queues, worker_id, lease_ms, limit)
 
         # Handed over before the sync only with messages to run: an empty claim (a drain's last)
         # returns once its settle is on disk.
         result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run), early=lambda r: bool(r[1]))
+        if outcomes:
+            self.tally.settled(outcomes, result[0], failed_to)
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # other workers of this process: a failed attempt is pending again
         return result
@@ -451,8 +460,11 @@ def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, 
     return acked == len(oks)
 
 
-def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
-    """Fenced outcomes, their failure records and runs, in the caller's write transaction."""
+def _settle_in(
+    raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome], failed_to: dict[tuple[int, int], str]
+) -> list[bool]:
+    """Fenced outcomes, their failure records and runs, in the caller's write transaction;
+    `failed_to` gets the status each held failure left its message in."""
     now = now_ms()
     # Held by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1 and the
     # outcome of attempt 2 of the same message (this worker reclaimed it); only the latter holds.
@@ -464,7 +476,7 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
     else:
         one_by_one = list(outcomes)
     for out in one_by_one:
-        _settle_one(raw, worker_id, out, now, held)
+        _settle_one(raw, worker_id, out, now, held, failed_to)
     still = [(o.claimed.seq, o.claimed.attempts) in held for o in outcomes]
     _record_runs(raw, worker_id, outcomes, still)
     return still
@@ -481,15 +493,26 @@ def _ack_batch(
         held.update(raw.execute(SQLITE_ACK_BATCH, fence).fetchall())
 
 
-def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int, held: set[tuple[int, int]]) -> None:
-    """One fenced ack, or one fenced failure and its failure record; held attempts join `held`."""
+def _settle_one(
+    raw: sqlite3.Connection,
+    worker_id: str,
+    out: Outcome,
+    now: int,
+    held: set[tuple[int, int]],
+    failed_to: dict[tuple[int, int], str],
+) -> None:
+    """One fenced ack, or one fenced failure and its failure record; held attempts join `held`
+    (and a failure's new status `failed_to`)."""
     c = out.claimed
     fence = {"seq": c.seq, "worker": worker_id, "attempts": c.attempts, "now": now}
     if out.ok:
         if raw.execute(SQLITE_ACK, fence).rowcount == 1:
             held.add((c.seq, c.attempts))
-    elif raw.execute(SQLITE_FAIL, fence).rowcount == 1:
+        return
+    failed = raw.execute(SQLITE_FAIL, fence).fetchall()  # all: the statement is done with
+    if failed:
         held.add((c.seq, c.attempts))
+        failed_to[(c.seq, c.attempts)] = failed[0][0]
         raw.execute(
             SQLITE_FAILURE_ROW,
             {
