@@ -19,9 +19,9 @@ from .flows import Binding, Manifest, build_manifest, current_bindings
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
-from .retention import parse_policy
 from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
+from .retention import parse_policy
 from .runtime import HttpRuntime, Runtime, not_started
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import Store, make_store, queue_name, registry, resolve_url

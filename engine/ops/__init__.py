@@ -29,6 +29,7 @@ from ..store.wake import wake_local
 from . import history as _history
 from . import queries, repair, unbinding
 from . import trace as _trace
+from .history import HistoryPoint
 from .records import (
     STATUSES,
     AuditEntry,
@@ -57,7 +58,6 @@ from .records import (
     UnvalidatedPayload,
     to_json,
 )
-from .history import HistoryPoint
 from .repair import UNCHANGED, default_actor
 
 __all__ = [
