@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import typer
 
-from . import bindings, reads, repair, serve, tail, tui
+from . import bindings, history, reads, repair, serve, tail, tui
 from .conventions import ConsoleGroup
 
-GROUPS = (reads, repair, bindings, serve, tail)
+GROUPS = (reads, history, repair, bindings, serve, tail)
 
 
 def build_app() -> typer.Typer:
