@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from engine import ops
+
 from .. import output
 from .common import (
     ACTOR_OPTION,
