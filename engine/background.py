@@ -26,8 +26,11 @@ class Background:
 
     async def close(self) -> None:
         """Stop the tasks, then write what is still counted (an outage loses only these counts)."""
-        for task in self._tasks:
+        loop = asyncio.get_running_loop()
+        # an app started under another event loop (closed since) has its tasks there: gone with it
+        mine = [task for task in self._tasks if task.get_loop() is loop]
+        for task in mine:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*mine, return_exceptions=True)
         self._tasks.clear()
         await history.flush_or_keep(self.store)
