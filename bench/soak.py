@@ -7,6 +7,8 @@ store bounded; resources sampled all along, start (after warm-up) compared with 
     python bench/soak.py --sqlite         on one SQLite file
     python bench/soak.py --url URL        on an existing database (PostgreSQL or SQLite)
     options: --rate N (emits/s, 50), --max-count N (tape retention, 1000), --clients N (persistent SSE clients, 6), --every S (sampling)
+    python bench/soak.py --sqlite --minutes 3 --keep-runs 30s --keep-delivered 30s
+                                          the engine's retention instead of the operator's purge
 
 A server process (tests/chaos_workers/soak_server.py: `app.serve()` = HTTP/SSE + workers) handles
 `soak.jobs`, each handler appending to the live tape `soak.feed` (retention max_count 1000) that
@@ -27,6 +29,12 @@ well-behaved producer would); messages and tape rows
 bounded; every persistent client got every event in order without a reconnect; no unexpected HTTP
 status, emit, purge or server error. oke_runs grows by one row per attempt (runs are trace history:
 purge keeps them); its growth is printed, not asserted. Exit status 0 on PASS, 1 on FAIL.
+
+With --keep-runs / --keep-delivered (the app's retention options) the purger stays off and the
+server's background pass keeps the store bounded instead: the runs, messages and failures rows must
+then be flat (end at most start + 50 % + 2 s of traffic), and the longest time one retention batch
+held the writer (its statements timed on the writer's thread: max and p99, from the server's
+DIR/retention.json) must be at most 50 ms; the whole write as the event loop saw it is printed too.
 """
 from __future__ import annotations
 
@@ -55,6 +63,7 @@ SERVER = REPO / "tests" / "chaos_workers" / "soak_server.py"
 JOBS, FEED = "soak.jobs", "soak.feed"
 DEFAULT_MAX_COUNT = 1000
 PURGE_EVERY_S, PURGE_OLDER_MS = 5.0, 5000
+RETENTION_PASS_S = 10.0  # engine/retention.py PASS_EVERY_S
 MB = 1024 * 1024
 
 
@@ -321,15 +330,18 @@ async def run(args: argparse.Namespace) -> bool:
             pg_port = make_url(url).port or 5432
         backend = "PostgreSQL" if is_pg else "SQLite"
         title = (f"soak / {backend}: {duration:.0f} s at {args.rate}/s, {args.clients} SSE clients + churn, "
-                 f"purge every {PURGE_EVERY_S:.0f} s, tape max_count {args.max_count}, sample every {every:.0f} s, "
+                 f"{'retention ' + str(args.keep_runs or '-') + ' runs / ' + str(args.keep_delivered or '-') + ' messages' if retained(args) else f'purge every {PURGE_EVERY_S:.0f} s'}, tape max_count {args.max_count}, sample every {every:.0f} s, "
                  f"warm-up {warmup:.0f} s")
         print(f"-- {title}\n   work dir {root}", flush=True)
 
         port = free_port()
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(root / "server.log", "wb")
+        keeps = {"--keep-runs": args.keep_runs, "--keep-delivered": args.keep_delivered,
+                 "--keep-dead": args.keep_delivered}
+        keep = [a for option, value in keeps.items() if value for a in (option, value)]
         server = subprocess.Popen([sys.executable, str(SERVER), "--url", url, "--dir", str(root),
-                                   "--port", str(port), "--max-count", str(args.max_count)]
+                                   "--port", str(port), "--max-count", str(args.max_count), *keep]
                                   + (["--tracemalloc", str(root / "tracemalloc.txt")] if args.trace_memory else []),
                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
@@ -387,6 +399,8 @@ async def run(args: argparse.Namespace) -> bool:
             async def purger() -> None:
                 while True:
                     await asyncio.sleep(PURGE_EVERY_S)
+                    if retained(args):
+                        continue  # the server's retention keeps the store bounded instead
                     for status in ("delivered", "dead"):
                         try:
                             done = await ops.purge(app.store, JOBS, status, older_than_ms=PURGE_OLDER_MS,
@@ -468,6 +482,8 @@ async def run(args: argparse.Namespace) -> bool:
         server_log = (root / "server.log").read_text(errors="replace")
         ok = report(title, samples, warmup, duration, args, counters, clients, churn_stats, crashed, rc,
                     server_log, is_pg)
+        if retained(args):
+            ok = report_retention(root / "retention.json", samples, warmup, args) and ok
         if not ok:
             print(server_log[-4000:])
     finally:
@@ -571,11 +587,14 @@ def report(title: str, samples: list[Sample], warmup: float, duration: float, ar
                    + f"the producer held back {held:.1f} s of {duration:.0f} s"
                    + (" (the server could not keep up)" if held > 1 else "")))
     msg_bound = int(args.rate * (PURGE_EVERY_S + PURGE_OLDER_MS / 1000) * 3 + 500)
+    if args.keep_delivered:  # the engine's retention: what it keeps plus one pass interval of traffic
+        msg_bound = int(args.rate * (kept_s(args.keep_delivered) + RETENTION_PASS_S) * 1.5 + 500)
     checks.append(("store", all(s.rows["oke_messages"] <= msg_bound for s in after)
                    and all(s.rows["oke_tape_events"] <= args.max_count for s in after),
                    f"messages never above {msg_bound} (max {max(s.rows['oke_messages'] for s in after)}), tape "
                    f"rows never above {args.max_count} (max {max(s.rows['oke_tape_events'] for s in after)}); "
-                   f"oke_runs +{end.rows['oke_runs'] - base.rows['oke_runs']} (unbounded: purge keeps runs)"))
+                   f"oke_runs +{end.rows['oke_runs'] - base.rows['oke_runs']}"
+                   + (" (keep_runs bounds them)" if args.keep_runs else " (unbounded: purge keeps runs)")))
     problems = []
     for i, c in enumerate(clients):
         if c.gaps:
@@ -605,6 +624,37 @@ def report(title: str, samples: list[Sample], warmup: float, duration: float, ar
     return ok
 
 
+def kept_s(duration: str) -> float:
+    from engine.durations import parse_duration_ms
+    return (parse_duration_ms(duration) or 0) / 1000
+
+
+def retained(args: argparse.Namespace) -> bool:
+    """The run uses the engine's retention (--keep-runs / --keep-delivered), not the purger."""
+    return bool(args.keep_runs or args.keep_delivered)
+
+
+def report_retention(held_path: Path, samples: list[Sample], warmup: float, args: argparse.Namespace) -> bool:
+    """Rows flat from start to end, and no retention batch holding the writer over 50 ms."""
+    after = [s for s in samples if s.t >= warmup - 0.5]
+    base, end = after[0], after[-1]
+    tables = [t for t, on in (("oke_runs", args.keep_runs), ("oke_messages", args.keep_delivered),
+                              ("oke_failures", args.keep_delivered)) if on]
+    # between two passes the rows grow by one pass interval of traffic, and the samples fall anywhere
+    # in that saw-tooth: flat = the end at most the start plus one tooth and one sample interval
+    every = after[1].t - after[0].t
+    flat = {t: end.rows[t] <= base.rows[t] + args.rate * (RETENTION_PASS_S + every) for t in tables}
+    held = json.loads(held_path.read_text()) if held_path.exists() else {"batches": 0, "max_ms": 0.0, "p99_ms": 0.0}
+    quick = held["batches"] > 0 and held["max_ms"] <= 50
+    rows = ", ".join(f"{t} {base.rows[t]} -> {end.rows[t]}" for t in tables)
+    print(f"   [{'PASS' if all(flat.values()) else 'FAIL'}] retention   rows flat after warm-up: {rows}")
+    print(f"   [{'PASS' if quick else 'FAIL'}] writer hold {held['batches']} retention batches held the writer "
+          f"(their statements, timed on its thread) max {held['max_ms']:.2f} ms, p99 {held['p99_ms']:.2f} ms "
+          f"(<= 50 ms); each whole write as the loop saw it (commit and waits included) max "
+          f"{held.get('write_max_ms', 0):.2f} ms, p99 {held.get('write_p99_ms', 0):.2f} ms", flush=True)
+    return all(flat.values()) and quick
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -617,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=None, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--keep-runs", default=None, metavar="D", help="the server's keep_runs (e.g. 30s)")
+    parser.add_argument("--keep-delivered", default=None, metavar="D",
+                        help="the server's keep_delivered and keep_dead (e.g. 30s); the purger stays off")
     parser.add_argument("--trace-memory", action="store_true",
                         help="the server traces allocations (tracemalloc; slower) into <work dir>/tracemalloc.txt")
     args = parser.parse_args(argv)

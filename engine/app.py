@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from . import payloads
+from . import history, payloads
+from .background import Background
 from .durations import parse_duration_ms
 from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
@@ -24,6 +25,7 @@ from .http.server import HttpServer
 from .ids import new_id
 from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
+from .retention import parse_policy
 from .runtime import HttpRuntime, Runtime, not_started
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import NewMessage, Store, make_store, queue_name, registry, resolve_url
@@ -54,6 +56,10 @@ class OkeApp:
         busy_timeout_ms: int | None = None,
         binding_ttl: str = registry.DEFAULT_BINDING_TTL,
         worker_heartbeat_s: float = DEFAULT_INTERVAL_S,
+        history_ttl: str = history.DEFAULT_HISTORY_TTL,
+        keep_delivered: str | None = None,
+        keep_dead: str | None = None,
+        keep_runs: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -81,6 +87,9 @@ class OkeApp:
         self.busy_timeout_ms = busy_timeout_ms
         self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
         self.worker_heartbeat_s = _heartbeat_s(worker_heartbeat_s)  # how often a running pool records itself
+        self.history_ttl_ms = history.parse_ttl_ms("history_ttl", history_ttl)
+        self.retention_policy = parse_policy(keep_delivered, keep_dead, keep_runs)
+        self.background: Background | None = None  # history writer and retention, while started
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
@@ -128,6 +137,8 @@ class OkeApp:
         self.store = store
         self._appender = LiveAppender(store, self._wake_live)
         self._stop_requested = asyncio.Event()
+        self.background = Background(store, self.history_ttl_ms, self.retention_policy)
+        self.background.start()
 
     async def stop(self) -> None:
         """Ask `run()` / `serve()` to return: running handlers finish (within the grace period)."""
@@ -142,6 +153,9 @@ class OkeApp:
             try:
                 if appender is not None:
                     await appender.close()  # queued live appends commit (or fail) before the store goes
+                background, self.background = self.background, None
+                if background is not None:
+                    await background.close()  # the last history counts are written
             finally:
                 store, self.store = self.store, None
                 await store.close()
@@ -379,6 +393,7 @@ class OkeApp:
         pool = WorkerPool(runtime, self._routes(), concurrency)
         async with self._worker_heartbeat(pool):
             await pool.run(until_idle=True)
+        await history.flush_or_keep(runtime.store)  # what the drain did is in history when it returns
 
     async def run(self, concurrency: int = 8) -> None:
         """Run workers until `stop()`, refreshing this app's bindings' last_seen meanwhile."""

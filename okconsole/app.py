@@ -20,6 +20,7 @@ from .data import StoreAdapter, StoreDown
 from .screens.audit import AuditScreen
 from .screens.detail import DetailScreen
 from .screens.dlq import DeadLettersScreen
+from .screens.history import HistoryScreen
 from .screens.messages import MessagesScreen
 from .screens.modals import HelpScreen, PromptScreen
 from .screens.overview import OverviewScreen
@@ -27,11 +28,15 @@ from .screens.tail import TailScreen
 from .screens.trace import TraceScreen
 from .screens.workers import WorkersScreen
 
-JUMPS = "dlq SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · workers · signals"
+JUMPS = (
+    "dlq SIGNAL · history SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · workers"
+    " · signals"
+)
 STATUSES = ("pending", "inflight", "delivered", "dead")
 SIGNAL_VERBS = {
     "dlq": "queue",
     "failures": "queue",
+    "history": "queue",
     "messages": "queue",
     "msgs": "queue",
     "m": "queue",
@@ -102,6 +107,9 @@ class ConsoleApp(App[None]):
     def open_dlq(self, signal: str) -> None:
         self.push_screen(DeadLettersScreen(signal))
 
+    def open_history(self, signal: str) -> None:
+        self.push_screen(HistoryScreen(signal))
+
     def open_tail(self, signal: str) -> None:
         self.push_screen(TailScreen(signal, self.tail_url, self.tail_token))
 
@@ -125,7 +133,9 @@ class ConsoleApp(App[None]):
             if kind == "live":
                 choices.append(f"tail {name}")
             else:
-                choices += [f"dlq {name}", f"messages {name}"] + [f"messages {name} {s}" for s in STATUSES]
+                choices += [f"dlq {name}", f"history {name}", f"messages {name}"] + [
+                    f"messages {name} {s}" for s in STATUSES
+                ]
         return choices + ["audit", "workers", "signals", "trace ", "show "]
 
     def action_jump(self) -> None:
@@ -191,6 +201,7 @@ class ConsoleApp(App[None]):
             "trace": self.open_trace,
             "show": self.open_detail,
             "failures": self.open_dlq,
+            "history": self.open_history,
         }
         if verb in one and len(args) == 1:
             one[verb](args[0])

@@ -20,6 +20,7 @@ from engine.ops import (
     AuditEntry,
     DeadLetter,
     FailureGroup,
+    HistoryPoint,
     MessageDetail,
     MessageRow,
     Purged,
@@ -80,6 +81,7 @@ def _one_line(text: str) -> str:
 
 
 NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
+NUMERIC += ("Emitted", "Failed", "Pruned")
 
 
 def _grid(
@@ -125,6 +127,21 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
             cell(r.description),
         )
     render(out, table)
+
+
+def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:
+    """The minutes in which something happened (quiet minutes are zeros in --json)."""
+    busy = [r for r in rows if r.emitted or r.delivered or r.failed or r.dead or r.pruned]
+    if not busy:
+        out.print(f"No history of {escape(signal)} in that window.")
+        return
+    table = _grid("At", "Emitted", "Delivered", "Failed", "Dead", "Pruned", title=f"History of {escape(signal)}")
+    for r in busy:
+        dead = f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0"
+        table.add(when(r.at), str(r.emitted), str(r.delivered), str(r.failed), dead, str(r.pruned))
+    render(out, table)
+    if len(busy) < len(rows):
+        out.print(f"{len(rows) - len(busy)} quiet minutes not shown; --json lists every minute.")
 
 
 def render_bindings(out: Console, rows: list[Any], db: str) -> None:

@@ -60,6 +60,10 @@ async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
         await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
         await pilot.pause(2.5)  # a few refreshes: rates and sparklines
         save("overview")
+        app.jump("history tasks.email")
+        await settle(pilot, lambda: "peak" in str(app.screen.query_one("#head-delivered").render()))
+        await pilot.pause(1.0)
+        save("history")
         app.jump("messages tasks.email")
         await settle(pilot, lambda: app.screen.query_one("#messages").row_count > 0)
         save("messages")

@@ -28,9 +28,11 @@ from ..store import Store, registry
 from ..store.wake import wake_local
 from . import controls, pausing, queries, repair, unbinding
 from . import doctor as _doctor
+from . import history as _history
 from . import trace as _trace
 from . import workers as _workers
 from .doctor import DUE_AFTER_MS, DoctorCheck
+from .history import HistoryPoint
 from .records import (
     STATUSES,
     AuditEntry,
@@ -82,6 +84,7 @@ __all__ = [
     "EmittedMessage",
     "Failure",
     "FailureGroup",
+    "HistoryPoint",
     "Lease",
     "MessageDetail",
     "MessagePage",
@@ -117,6 +120,7 @@ __all__ = [
     "doctor",
     "doctor_schema_too_new",
     "failures",
+    "history",
     "known_signals",
     "message_page",
     "messages",
@@ -149,6 +153,12 @@ async def signal_info(store: Store, name: str) -> SignalInfo | None:
 async def stats(store: Store) -> list[SignalStats]:
     """Per signal (recorded ones included at zero): counts by status and the oldest pending age."""
     return await store.read(queries.stats)
+
+
+async def history(store: Store, signal: str, since_ms: int, until_ms: int | None = None) -> list[HistoryPoint]:
+    """`signal`'s counts per minute since `since_ms` (epoch ms), oldest first and gap-free
+    (engine/ops/history.py); UnknownSignal when the store knows no such signal."""
+    return await store.read(lambda conn: _history.history(conn, signal, since_ms, until_ms))
 
 
 async def message_page(

@@ -9,13 +9,14 @@ the status that kept it. Times are judged by the lease clock (PostgreSQL's own o
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.engine import Row
 
-from ..store import schema
+from ..store import history, schema
 from ..store.base import lease_clock_ms
 from ..store.sql.notify import notify_queues
 from . import queries
@@ -65,10 +66,12 @@ def end_dead(conn: Connection, where: list[Any], *, code: str, note: str, now: i
             update(m)
             .where(chunk_where)
             .values(status="dead", finished_at=now, updated_at=now, locked_by=None, lease_expires_at=None)
-            .returning(m.c.seq, m.c.id, m.c.attempts)
+            .returning(m.c.seq, m.c.id, m.c.attempts, m.c.signal)
         ).all()
     if not rows:
         return []
+    for signal, dead in Counter(r.signal for r in rows).items():
+        history.record(conn, signal, now, dead=dead)  # in this transaction: counted once it commits
     failures = [
         {
             "message_id": r.id,

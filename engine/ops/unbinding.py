@@ -1,9 +1,10 @@
 """`unbind`: retire one recorded binding and end its pending broadcast copies dead.
 
 Runs inside ONE write transaction given by `Store.write`: the binding's retirement, the copies'
-status change, their failure records (code "Unbound", replayable like any dead letter) and the
-audit row commit together. The status change is guarded (`status = 'pending'`, or `inflight`
-past its lease), so a copy a worker holds under a live lease is left to finish.
+status change, their failure records (code "Unbound", replayable like any dead letter), the
+history count of the copies ended dead and the audit row commit together. The status change is
+guarded (`status = 'pending'`, or `inflight` past its lease), so a copy a worker holds under a
+live lease is left to finish.
 """
 
 from __future__ import annotations

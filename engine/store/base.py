@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..errors import SchemaTooNew
 from ..ids import now_ms
 from . import counts, migrations, schema
+from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .wake import Waker
 
@@ -156,6 +157,9 @@ class Store(abc.ABC):
 
     dialect: str
     url: str
+    # What this process's enqueues and settles counted for history since the last flush (each
+    # store sets its own in __init__; the app's background pass writes it, engine/history.py).
+    tally: HistoryTally
 
     @abc.abstractmethod
     async def open(self) -> None: ...

@@ -24,6 +24,8 @@ from ..errors import StoreUnavailable
 from ..ids import now_ms
 from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from .caller import wake_after_commit
+from .history import HistoryTally
 from .sql.claim import claim_order, postgres_claim_statement
 from .sql.enqueue import ENQUEUE_CHUNK, POSTGRES_HOLDER, POSTGRES_INSERT, POSTGRES_INSERT_TIMED, POSTGRES_KEY_LOCKS
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
@@ -79,6 +81,7 @@ class PostgresStore(Store):
         self._listener: _Listener | None = None
         self._compacted_at = 0.0
         self._compacting: asyncio.Task[None] | None = None
+        self.tally = HistoryTally()
 
     def idle_connection_ceiling(self) -> int:
         """Connections this store may keep open while idle: the hot pool, SQLAlchemy's kept pool, LISTEN.
@@ -157,6 +160,8 @@ class PostgresStore(Store):
                 holder = None
             else:
                 holder = await _insert_in_transaction(_asyncpg_runner(conn), conn, rows)
+        if holder is None:
+            self.tally.emitted((r.signal, r.created_at) for r in rows)
         wake_local(self.url)
         self._maybe_compact_counts()
         return holder
@@ -165,7 +170,10 @@ class PostgresStore(Store):
         """The same statements on the caller's connection: their NOTIFY is delivered at its commit,
         to this process's listener as to every other's; its key locks are held until then."""
         check_keys(rows)
-        return await _insert_deduped(_sqlalchemy_runner(conn), rows)
+        holder = await _insert_deduped(_sqlalchemy_runner(conn), rows)
+        stored = rows if holder is None else []
+        wake_after_commit(conn, self.url, then=lambda: self.tally.emitted((r.signal, r.created_at) for r in stored))
+        return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
@@ -178,12 +186,14 @@ class PostgresStore(Store):
         # connection while the next claim is in flight, and that overlap is worth more than the
         # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
         assert self.pool is not None, "store is not open"
+        failed_to: dict[tuple[int, int], str] = {}
         async with _acquire(self.pool) as conn:
             if _needs_transaction(outcomes):
                 async with conn.transaction():
-                    held = await _settle_on(conn, worker_id, outcomes)
+                    held = await _settle_on(conn, worker_id, outcomes, failed_to)
             else:
-                held = await _settle_on(conn, worker_id, outcomes)
+                held = await _settle_on(conn, worker_id, outcomes, failed_to)
+        self.tally.settled(outcomes, held, failed_to)
         self._maybe_compact_counts()
         return held
 
@@ -331,9 +341,12 @@ async def _insert_in_transaction(run: Runner, conn: Any, rows: Sequence[NewMessa
         return await _insert_deduped(run, rows)
 
 
-async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+async def _settle_on(
+    conn: Any, worker_id: str, outcomes: Sequence[Outcome], failed_to: dict[tuple[int, int], str]
+) -> list[bool]:
     """Fenced outcomes, their failure records and runs. Successes (with their runs) are one
-    statement; failures and wake-ups add more, so `_needs_transaction` says when to wrap it."""
+    statement; failures and wake-ups add more, so `_needs_transaction` says when to wrap it.
+    `failed_to` gets the status each held failure left its message in."""
     now = now_ms()
     oks = [o for o in outcomes if o.ok]
     fails = [o for o in outcomes if not o.ok]
@@ -344,7 +357,7 @@ async def _settle_on(conn: Any, worker_id: str, outcomes: Sequence[Outcome]) -> 
     if oks:
         held_attempts.update(await _ack_with_runs(conn, worker_id, oks, now))
     if fails:
-        await _fail_with_runs(conn, worker_id, fails, now, held_attempts)
+        await _fail_with_runs(conn, worker_id, fails, now, held_attempts, failed_to)
     # Wake claimers when this settle made something eligible: a failed attempt is pending
     # again, and a finished keyed message unblocks the next one of its key (without the
     # wake-up an idle key advanced one message per IDLE_POLL_S).
@@ -374,12 +387,18 @@ async def _ack_with_runs(conn: Any, worker_id: str, oks: list[Outcome], now: int
 
 
 async def _fail_with_runs(
-    conn: Any, worker_id: str, fails: list[Outcome], now: int, held_attempts: set[tuple[int, int]]
+    conn: Any,
+    worker_id: str,
+    fails: list[Outcome],
+    now: int,
+    held_attempts: set[tuple[int, int]],
+    failed_to: dict[tuple[int, int], str],
 ) -> None:
-    """Each failure fenced with its failure record (held ones join `held_attempts`), then their runs."""
+    """Each failure fenced with its failure record (held ones join `held_attempts`, their new
+    status `failed_to`), then their runs."""
     for out in fails:
         c = out.claimed
-        attempt = await conn.fetchval(
+        status = await conn.fetchval(
             POSTGRES_FAIL,
             c.seq,
             c.attempts,
@@ -392,8 +411,9 @@ async def _fail_with_runs(
             out.retry_in_ms,
             out.carried,
         )
-        if attempt is not None:
+        if status is not None:
             held_attempts.add((c.seq, c.attempts))
+            failed_to[(c.seq, c.attempts)] = status
     await conn.execute(
         POSTGRES_RUNS,
         [o.run_id for o in fails],

@@ -14,7 +14,8 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
 # 4: messages' run_at / priority / dedupe (delay, at, back-off, priority, dedupe) and traceparent
 #    (OpenTelemetry context), the ready index ordered by priority, the dedupe and scheduled indexes;
-#    paused signals; the workers' heartbeats (oke_workers: a new table)
+#    paused signals; new tables (create_all adds them): the workers' heartbeats (oke_workers) and
+#    per signal and minute history (oke_history, store/history.py)
 SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
@@ -299,3 +300,17 @@ tape_events = Table(
     Column("parent_run_id", String(40)),
 )
 Index("oke_tape_events_age", tape_events.c.signal, tape_events.c.created_at)
+
+# Per signal and minute (epoch ms of its start): messages emitted (one per broadcast copy),
+# delivered, failed (an attempt that failed and was retried), dead, and deleted by retention
+# (`pruned` messages, `pruned_runs` runs). Written by store/history.py, kept for history_ttl.
+history = Table(
+    "oke_history",
+    metadata,
+    Column("signal", String(200), primary_key=True),
+    Column("minute", BigInteger, primary_key=True),
+    *(
+        Column(name, BigInteger, nullable=False, server_default=text("0"))
+        for name in ("emitted", "delivered", "failed", "dead", "pruned", "pruned_runs")
+    ),
+)

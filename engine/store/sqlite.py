@@ -37,6 +37,7 @@ from ..errors import StoreUnavailable
 from ..ids import now_ms
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
+from .history import HistoryTally
 from .outage import READ_ONLY, disk_condition, read_only_dir
 from .sql.claim import claim_order, sqlite_claim_statement
 from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
@@ -323,6 +324,7 @@ class SqliteStore(Store):
             "oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms, may_create=True, syncs_wal=True
         )
         self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
+        self.tally = HistoryTally()
 
     async def open(self) -> None:
         try:
@@ -366,6 +368,8 @@ class SqliteStore(Store):
             holder = None
         else:
             holder = await self._writer.call(lambda conn: _in_write_tx(conn, lambda raw: _insert_timed(raw, rows)))
+        if holder is None:
+            self.tally.emitted((r.signal, r.created_at) for r in rows)
         wake_local(self.url)
         return holder
 
@@ -384,7 +388,8 @@ class SqliteStore(Store):
                 stored = (await conn.exec_driver_sql(SQLITE_INSERT_TIMED, _timed_params(r, now))).rowcount
                 if not stored and i == 0:
                     holder = (await conn.exec_driver_sql(SQLITE_HOLDER, (r.queue, r.dedupe))).scalar()
-        wake_after_commit(conn, self.url)
+        counted = rows if holder is None else []
+        wake_after_commit(conn, self.url, then=lambda: self.tally.emitted((r.signal, r.created_at) for r in counted))
         return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
@@ -395,9 +400,11 @@ class SqliteStore(Store):
         )
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        failed_to: dict[tuple[int, int], str] = {}
         held = await self._writer.call(
-            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes))
+            lambda conn: _in_write_tx(conn, lambda raw: _settle_in(raw, worker_id, outcomes, failed_to))
         )
+        self.tally.settled(outcomes, held, failed_to)
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # a failed attempt is pending again at once
         return held
@@ -411,13 +418,17 @@ class SqliteStore(Store):
         claim sees the settle (a failed attempt is claimable again in the same transaction)."""
         sql = sqlite_claim_statement(len(queues))
 
+        failed_to: dict[tuple[int, int], str] = {}
+
         def run(raw: sqlite3.Connection) -> tuple[list[bool], list[Claimed]]:
-            held = _settle_in(raw, worker_id, outcomes) if outcomes else []
+            held = _settle_in(raw, worker_id, outcomes, failed_to) if outcomes else []
             return held, _claim_in(raw, sql, queues, worker_id, lease_ms, limit)
 
         # Handed over before the sync only with messages to run: an empty claim (a drain's last)
         # returns once its settle is on disk.
         result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run), early=lambda r: bool(r[1]))
+        if outcomes:
+            self.tally.settled(outcomes, result[0], failed_to)
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # other workers of this process: a failed attempt is pending again
         return result
@@ -497,8 +508,11 @@ def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, 
     return acked == len(oks)
 
 
-def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
-    """Fenced outcomes, their failure records and runs, in the caller's write transaction."""
+def _settle_in(
+    raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outcome], failed_to: dict[tuple[int, int], str]
+) -> list[bool]:
+    """Fenced outcomes, their failure records and runs, in the caller's write transaction;
+    `failed_to` gets the status each held failure left its message in."""
     now = now_ms()
     # Held by (seq, attempt), not by seq: one batch may hold a late outcome of attempt 1 and the
     # outcome of attempt 2 of the same message (this worker reclaimed it); only the latter holds.
@@ -510,7 +524,7 @@ def _settle_in(raw: sqlite3.Connection, worker_id: str, outcomes: Sequence[Outco
     else:
         one_by_one = list(outcomes)
     for out in one_by_one:
-        _settle_one(raw, worker_id, out, now, held)
+        _settle_one(raw, worker_id, out, now, held, failed_to)
     still = [(o.claimed.seq, o.claimed.attempts) in held for o in outcomes]
     _record_runs(raw, worker_id, outcomes, still)
     return still
@@ -527,15 +541,26 @@ def _ack_batch(
         held.update(raw.execute(SQLITE_ACK_BATCH, fence).fetchall())
 
 
-def _settle_one(raw: sqlite3.Connection, worker_id: str, out: Outcome, now: int, held: set[tuple[int, int]]) -> None:
-    """One fenced ack, or one fenced failure and its failure record; held attempts join `held`."""
+def _settle_one(
+    raw: sqlite3.Connection,
+    worker_id: str,
+    out: Outcome,
+    now: int,
+    held: set[tuple[int, int]],
+    failed_to: dict[tuple[int, int], str],
+) -> None:
+    """One fenced ack, or one fenced failure and its failure record; held attempts join `held`
+    (and a failure's new status `failed_to`)."""
     c = out.claimed
     fence = {"seq": c.seq, "worker": worker_id, "attempts": c.attempts, "now": now}
     if out.ok:
         if raw.execute(SQLITE_ACK, fence).rowcount == 1:
             held.add((c.seq, c.attempts))
-    elif raw.execute(SQLITE_FAIL, {**fence, "carried": out.carried, "retry_in": out.retry_in_ms}).rowcount == 1:
+        return
+    failed = raw.execute(SQLITE_FAIL, {**fence, "carried": out.carried, "retry_in": out.retry_in_ms}).fetchall()
+    if failed:
         held.add((c.seq, c.attempts))
+        failed_to[(c.seq, c.attempts)] = failed[0][0]
         raw.execute(
             SQLITE_FAILURE_ROW,
             {

@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 
 import typer
 
+from engine.durations import parse_duration_ms
+
 from ..dburl import BadDatabaseUrl, database_url
 
 # --limit N beyond this reads as "all of them": a larger N overflows the stores' 64-bit LIMIT
@@ -40,6 +42,18 @@ def fail(code: int, message: str) -> NoReturn:
     line = " ".join(str(message).split())
     typer.echo(f"okconsole: {line}", err=True)
     raise typer.Exit(code)
+
+
+def duration_option(flag: str, text: str) -> int:
+    """A duration option (--older-than, --since) in ms; a text that is not a duration is bad usage."""
+    ms = parse_duration_ms(text)
+    if ms is None:
+        fail(
+            2,
+            f'{flag}: "{text}" is not a duration: use a positive integer and a unit '
+            f"(ms, s, m, h, d), e.g. 30s, 24h, 7d",
+        )
+    return ms
 
 
 def warn(text: str) -> None:

@@ -35,6 +35,7 @@ EXAMPLES: dict[str, list[str]] = {
     "dlq": ["okconsole dlq shop.email", "okconsole dlq shop.email --limit 5 --json"],
     "failures": ["okconsole failures shop.email", "okconsole failures shop.email --json"],
     "audit": ["okconsole audit", "okconsole audit --limit 20 --json"],
+    "history": ["okconsole history shop.email", "okconsole history shop.email --since 24h --json"],
     "bindings": ["okconsole bindings", "okconsole bindings --json | jq '.[] | select(.active | not)'"],
     "workers": ["okconsole workers", "okconsole workers --json | jq '.[] | select(.orphaned > 0)'"],
     "doctor": ["okconsole doctor", "okconsole doctor --json | jq '.[] | select(.status != \"ok\")'"],

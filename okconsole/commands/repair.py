@@ -15,7 +15,6 @@ from typing import Any
 import typer
 
 from engine import ops
-from engine.durations import parse_duration_ms
 
 from .. import output
 from .common import (
@@ -28,6 +27,7 @@ from .common import (
     State,
     actor_of,
     confirm,
+    duration_option,
     fail,
     require_terminal_to_confirm,
     require_writes,
@@ -56,16 +56,7 @@ _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 def older_than_ms(text: str | None) -> int | None:
     """--older-than D in ms; a text that is not a duration is bad usage."""
-    if text is None:
-        return None
-    ms = parse_duration_ms(text)
-    if ms is None:
-        fail(
-            2,
-            f'--older-than: "{text}" is not a duration: use a positive integer and a unit '
-            f"(ms, s, m, h, d), e.g. 30s, 24h, 7d",
-        )
-    return ms
+    return None if text is None else duration_option("--older-than", text)
 
 
 def per_second(text: str | None) -> float | None:

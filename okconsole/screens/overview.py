@@ -27,7 +27,8 @@ COLUMNS = [
     ("delivered", "Delivered"),
     ("dead", "Dead"),
     ("lag", "Lag"),
-    ("rate", "Done/s"),
+    ("rate", "Deliv/s"),  # "Delivered/s" would not fit beside Dead/s in 80 columns
+    ("dead_rate", "Dead/s"),
     ("activity", "Activity"),
 ]
 HISTORY = 32
@@ -40,6 +41,7 @@ class OverviewScreen(ConsoleScreen):
     BINDINGS = [
         Binding("d", "dlq", "Dead letters & failures"),
         Binding("t", "tail", "Tail"),
+        Binding("h", "history", "History"),
         Binding("a", "audit", "Audit log"),
         Binding("p", "pause", "Pause"),
         Binding("u", "resume", "Resume"),
@@ -48,7 +50,7 @@ class OverviewScreen(ConsoleScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.previous: dict[str, tuple[float, int]] = {}
+        self.previous: dict[str, tuple[float, int, int]] = {}  # signal -> (when, delivered, dead)
         self.history: dict[str, deque[float]] = {}
         self.kinds: dict[str, str] = {}
         self.rows: dict[str, Any] = {}  # the latest stats row per signal (description, flows)
@@ -100,19 +102,12 @@ class OverviewScreen(ConsoleScreen):
             self.kinds[row.signal] = row.kind
             self.rows[row.signal] = row
             self.console.signal_kinds[row.signal] = row.kind
-            done = row.delivered + row.dead
-            if row.kind == "live":
-                done = (heads or {}).get(row.signal, 0)
-            before = self.previous.get(row.signal)
-            rate = 0.0
-            if before is not None and now > before[0]:
-                rate = max(0.0, (done - before[1]) / (now - before[0]))
-            self.previous[row.signal] = (now, done)
+            rate, dead_rate = self.rates(row, (heads or {}).get(row.signal, 0), now)
             spark = self.history.setdefault(row.signal, deque(maxlen=HISTORY))
-            spark.append(rate)
+            spark.append(rate + dead_rate)
             if keep is not None and not keep(f"{row.signal} {row.kind}"):
                 continue
-            cells = row_cells(row, rate, list(spark), retained.get(row.signal, 0))
+            cells = row_cells(row, (rate, dead_rate), list(spark), retained.get(row.signal, 0))
             wanted[row.signal] = cells[: len(shown)]
         sync_rows(table, list(wanted.items()), shown)
         if not stats:
@@ -125,6 +120,17 @@ class OverviewScreen(ConsoleScreen):
         empty.update(note)
         empty.display = bool(note)
         self.show_about()
+
+    def rates(self, row: Any, head: int, now: float) -> tuple[float, float]:
+        """Delivered/s and dead/s since the last refresh (a live tape: events appended/s). A count
+        that fell (a purge, retention) reads as 0, not as a negative rate."""
+        delivered, dead = (head, 0) if row.kind == "live" else (row.delivered, row.dead)
+        before = self.previous.get(row.signal)
+        self.previous[row.signal] = (now, delivered, dead)
+        if before is None or now <= before[0]:
+            return 0.0, 0.0
+        elapsed = now - before[0]
+        return max(0.0, (delivered - before[1]) / elapsed), max(0.0, (dead - before[2]) / elapsed)
 
     def show_about(self) -> None:
         """The selected signal's description, and the flows that split it when a once signal has two."""
@@ -175,6 +181,11 @@ class OverviewScreen(ConsoleScreen):
         if name is not None and not self.console.refuse_signal(name, "live"):
             self.console.open_tail(name)
 
+    def action_history(self) -> None:
+        name = self.selected_signal()
+        if name is not None and not self.console.refuse_signal(name, "queue"):
+            self.console.open_history(name)
+
     def action_audit(self) -> None:
         self.console.open_audit()
 
@@ -215,14 +226,18 @@ def split_once(row: Any) -> bool:
     return row.kind == "once" and len(row.flows) > 1
 
 
-def row_cells(row: Any, rate: float, spark: list[float], retained: int) -> list[str]:
-    """One overview row: a live tape shows what it keeps, a queue its counts by status and its lag."""
+def row_cells(row: Any, rates: tuple[float, float], spark: list[float], retained: int) -> list[str]:
+    """One overview row: a live tape shows what it keeps, a queue its counts by status, its lag
+    and its delivered/s beside its dead/s."""
+    rate, dead_rate = rates
     if row.kind == "live":
-        return [row.signal, "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", fmt.sparkline(spark)]
+        cells = [row.signal, "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", "—"]
+        return [*cells, fmt.sparkline(spark)]
     dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
     lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
     kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
     if row.paused:
         kind += f" [{PAUSED_STYLE}]{PAUSED_MARK}[/]"
     counts = [str(row.pending), str(row.inflight), str(row.delivered), dead]
-    return [row.signal, kind, *counts, lag, f"{rate:.1f}", fmt.sparkline(spark)]
+    dead_cell = f"[{DEAD_STYLE}]{dead_rate:.1f}[/]" if dead_rate else "0.0"
+    return [row.signal, kind, *counts, lag, f"{rate:.1f}", dead_cell, fmt.sparkline(spark)]

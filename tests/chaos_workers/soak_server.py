@@ -1,7 +1,7 @@
 """The server process of the soak run (bench/soak.py, tests/test_soak.py).
 
     python tests/chaos_workers/soak_server.py --url URL --dir DIR --port P [--max-count N]
-                                              [--concurrency N]
+                                              [--concurrency N] [--keep-runs D] [--keep-delivered D]
 
 Declares `soak.jobs` (once, retries 1) handled by the flow `soak.worker`, and the live tape
 `soak.feed` (retention max_count N) exposed publicly at GET /_oke/live/soak.feed; runs
@@ -10,6 +10,9 @@ listens, and stops (streams end with [DONE]) when DIR/stop exists. Each handled 
 `{"n": n, "a": attempt}` to the tape; a message whose n % 50 == 7 fails its first attempt.
 With --tracemalloc FILE it traces allocations and appends to FILE, every 60 s, the 30 call sites
 whose live memory grew most since the first minute (to find what a growing RSS is made of).
+With --keep-runs / --keep-delivered / --keep-dead the app's retention deletes old finished work, and
+at stop DIR/retention.json says how long its batches held the writer (ms: count, max, p99; and
+the whole write as the loop saw it).
 """
 from __future__ import annotations
 
@@ -50,12 +53,15 @@ async def main() -> None:
     parser.add_argument("--max-count", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--tracemalloc", type=Path, default=None)
+    for option in ("--keep-runs", "--keep-delivered", "--keep-dead"):
+        parser.add_argument(option, default=None)
     args = parser.parse_args()
     if args.tracemalloc:
         import tracemalloc
         tracemalloc.start(12)
     declare(args.max_count)
-    app = oke("soak-server", database_url=args.url)
+    app = oke("soak-server", database_url=args.url, keep_runs=args.keep_runs, keep_delivered=args.keep_delivered,
+              keep_dead=args.keep_dead)
     stop_file = args.dir / "stop"
 
     async def watch() -> None:
@@ -78,7 +84,24 @@ async def main() -> None:
         watcher.cancel()
         if tracer is not None:
             tracer.cancel()
+        retention = app.background.retention if app.background is not None else None
         await app.close()
+        if retention is not None:
+            write_hold_times(args.dir / "retention.json", list(retention.hold_ms), list(retention.write_ms))
+
+
+def write_hold_times(path: Path, held_ms: list[float], write_ms: list[float]) -> None:
+    """How long the retention batches held the writer (their statements, on its thread) and how
+    long each write took as the loop saw it: what bench/soak.py reports and checks."""
+    import json
+
+    def max_p99(values: list[float]) -> tuple[float, float]:
+        ordered = sorted(values) or [0.0]
+        return ordered[-1], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+    (hold_max, hold_p99), (write_max, write_p99) = max_p99(held_ms), max_p99(write_ms)
+    path.write_text(json.dumps({"batches": len(held_ms), "max_ms": hold_max, "p99_ms": hold_p99,
+                                "write_max_ms": write_max, "write_p99_ms": write_p99}))
 
 
 async def trace_memory(path: Path) -> None:

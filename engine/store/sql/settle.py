@@ -5,6 +5,7 @@ SQLite acks a batch of successes with one `seq IN (...)` per attempt number unde
 falling back to a `json_each` join that returns what it acked; failures and runs follow, one
 statement each. PostgreSQL acks successes and records their runs in one statement (data-modifying
 CTEs), each failure with its failure record in another, and the failed runs in a third.
+A failure's statement returns the status it left the message in (history counts it by that).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ UPDATE oke_messages
        locked_by = NULL, lease_expires_at = NULL, updated_at = :now,
        traceparent = COALESCE(:carried, traceparent)
  WHERE seq = :seq AND locked_by = :worker AND attempts = :attempts AND status = 'inflight'
+RETURNING status
 """
 
 SQLITE_FAILURE_ROW = """
@@ -115,10 +117,11 @@ WITH u AS (
          locked_by = NULL, lease_expires_at = NULL, updated_at = $3::bigint,
          traceparent = COALESCE($10::text, traceparent)
    WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
-  RETURNING id, attempts, status)
-INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u
-RETURNING attempt
+  RETURNING id, attempts, status),
+f AS (
+  INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
+  SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u)
+SELECT status FROM u
 """
 
 POSTGRES_RUNS = """
