@@ -177,6 +177,8 @@ def binding_rows(now: int) -> list[dict]:
 
 
 MSG_COLS = [c.name for c in schema.messages.columns if c.name != "seq"]
+# Columns the fill leaves at their default (COPY writes every column it names).
+MSG_DEFAULTS = {"priority": 0}
 FAIL_COLS = [c.name for c in schema.failures.columns if c.name != "id"]
 RUN_COLS = [c.name for c in schema.runs.columns]
 
@@ -202,7 +204,7 @@ async def fill(store: Any, url: str, n: int, seed: int = 7, log: Any = print) ->
                 async with conn.transaction():
                     await conn.copy_records_to_table(
                         "oke_messages", columns=MSG_COLS,
-                        records=[tuple(r[c] for c in MSG_COLS) for r in msgs])
+                        records=[tuple(r.get(c, MSG_DEFAULTS.get(c)) for c in MSG_COLS) for r in msgs])
                     await conn.copy_records_to_table(
                         "oke_failures", columns=FAIL_COLS,
                         records=[tuple(r[c] for c in FAIL_COLS) for r in fails])

@@ -3,6 +3,7 @@ traces it (when OpenTelemetry is configured). With neither, a run costs two call
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,6 +41,8 @@ class RunHooks:
         self.counting = False  # set by the app when a metrics route is mounted
 
     def begin(self, route: Route, claimed: Claimed, fx: Fx) -> Watch | None:
+        if not self.counting and tracing.API_MODULE not in sys.modules:
+            return None  # neither metrics nor OpenTelemetry in this process: the run costs nothing here
         span = tracing.start_run(
             route.flow.name or "", claimed.signal, claimed.id, claimed.attempts, fx.run_id, claimed.traceparent
         )

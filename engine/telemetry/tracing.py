@@ -19,7 +19,7 @@ from typing import Any
 from ..worker.failures import failure_message
 
 TRACER_NAME = "okengine"
-_API = "opentelemetry.trace"
+API_MODULE = _API = "opentelemetry.trace"  # imported by whoever configures a provider
 
 
 def _api() -> Any | None:

@@ -96,7 +96,7 @@ class Running(PoolState):
             code, message = failure_code(exc), failure_message(exc)
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
-        carried = self.hooks.end(watch, route, claimed, error)  # metrics and tracing (engine/telemetry)
+        carried = None if watch is None else self.hooks.end(watch, route, claimed, error)  # metrics, tracing
         backoff = route.signal.backoff
         retry_in = backoff.delay_after(claimed.attempts) if backoff is not None and not ok else None
         self.pending_outcomes.append(
