@@ -50,7 +50,7 @@ SORTS: dict[str, Any] = {
     "parent_run_id": m.c.parent_run_id,
 }
 NULLABLE = ("key", "locked_by", "lease_expires_at", "parent_run_id")
-SETTLED_INDEXED = ("id", "created_at", "attempts")  # indexed over rows not inflight (schema.SETTLED)
+SETTLED_INDEXED = ("id", "created_at", "attempts")  # indexed over rows not inflight on PostgreSQL (schema.SETTLED)
 INFLIGHT_ONLY = ("locked_by", "lease_expires_at")  # set on inflight rows only, which are few
 # schema.SETTLED as an expression: a literal, not a bound parameter, so SQLite matches the index's WHERE
 _SETTLED: ColumnElement[bool] = m.c.status.op("<>", is_comparison=True)(literal_column("'inflight'"))
@@ -212,8 +212,8 @@ class Walk:
     def _parts(self, segment: str) -> list[list[ColumnElement[bool]]]:
         """The row sets a segment is read from, each on one index (schema.SORT_INDEXES): the
         indexes of id, created_at and attempts leave inflight rows out (a claim then writes no entry
-        in them), so those rows are read apart, from (signal, status, seq), and merged in; a lease
-        and its holder exist only on inflight rows, read the same way."""
+        in them; on SQLite only attempts' does), so those rows are read apart, from (signal, status,
+        seq), and merged in; a lease and its holder exist only on inflight rows, read the same way."""
         if segment == "values" and self.sort in SETTLED_INDEXED:
             return [[_SETTLED], [m.c.status == "inflight"]]
         if segment == "values" and self.sort in INFLIGHT_ONLY:

@@ -123,7 +123,7 @@ def ensure_schema(conn: Connection) -> None:
     schema.metadata.create_all(conn, checkfirst=True)
     for index in schema.SORT_INDEXES:  # create_all adds indexes with new tables only
         index.create(conn, checkfirst=True)
-    for name in schema.RETIRED_SORT_INDEXES:
+    for name in schema.RETIRED_SORT_INDEXES[conn.dialect.name]:
         conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
     row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")).first()
     if row is None:

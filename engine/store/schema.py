@@ -171,19 +171,35 @@ _partial_index(
 _partial_index("oke_messages_parent", messages.c.parent_run_id, where=_CHILD)
 
 # The console's sorted lists (engine/ops/listing.py): one (signal, column, seq) index per sortable
-# column that no index above orders (status and key have theirs). A claim and a settle each give a
-# row new entries in every index it is in (PostgreSQL's updates of a status are never HOT), so these
-# keep inflight rows out: a claim writes none of their entries, a settle one per index (measured:
-# full indexes on these six columns cost about 25 % of once throughput at 8 handlers). The few
-# inflight rows are read from (signal, status, seq) and merged in; the lease and its holder exist
-# only on inflight rows, so they need no index of their own. Added to existing stores by
-# ensure_schema (IF NOT EXISTS), which also drops RETIRED_SORT_INDEXES, so no schema version step.
+# column that no index above orders (status and key have theirs). The lease and its holder exist
+# only on inflight rows, so their sorts read those rows from (signal, status, seq) and need no index.
+# Each store keeps the hot path's cost of these indexes low in its own way (bench/ONCE.md):
+# - PostgreSQL gives a row new entries in every index on each claim and settle (an update of a
+#   status is never HOT; full indexes on six columns cost about 25 % of once throughput at 8
+#   handlers), so its indexes leave inflight rows out: a claim writes none of their entries, a
+#   settle one per index. The few inflight rows are read apart and merged in.
+# - SQLite touches only the indexes whose columns (or partial WHERE) an update changes, so an index
+#   over every row on a column no claim or settle writes (id, created_at) costs them nothing, while
+#   a `status <> 'inflight'` one costs a delete and an insert per message (measured: 7 % of once
+#   throughput at 32 handlers). attempts changes on each claim either way: it leaves inflight rows out.
+# Added to existing stores by ensure_schema (IF NOT EXISTS), which also drops the store's
+# RETIRED_SORT_INDEXES, so no schema version step.
 SETTLED = "status <> 'inflight'"
+
+
+def _settled_on_postgres(name: str, *columns: Any) -> Index:
+    return _partial_index(name, *columns, where=SETTLED).ddl_if(dialect="postgresql")
+
+
+def _full_on_sqlite(name: str, *columns: Any) -> Index:
+    return Index(name, *columns).ddl_if(dialect="sqlite")
+
+
 SORT_INDEXES = (
-    _partial_index("oke_messages_settled_id", messages.c.signal, messages.c.id, where=SETTLED),
-    _partial_index(
-        "oke_messages_settled_created", messages.c.signal, messages.c.created_at, messages.c.seq, where=SETTLED
-    ),
+    _settled_on_postgres("oke_messages_settled_id", messages.c.signal, messages.c.id),
+    _full_on_sqlite("oke_messages_signal_id", messages.c.signal, messages.c.id),
+    _settled_on_postgres("oke_messages_settled_created", messages.c.signal, messages.c.created_at, messages.c.seq),
+    _full_on_sqlite("oke_messages_signal_created", messages.c.signal, messages.c.created_at, messages.c.seq),
     _partial_index(
         "oke_messages_settled_attempts", messages.c.signal, messages.c.attempts, messages.c.seq, where=SETTLED
     ),
@@ -195,14 +211,12 @@ SORT_INDEXES = (
         where=_CHILD,
     ),
 )
-# Full-row sort indexes an earlier okengine created: dropped at boot (the ones above replace them).
-RETIRED_SORT_INDEXES = (
-    "oke_messages_signal_id",
-    "oke_messages_signal_created",
-    "oke_messages_signal_attempts",
-    "oke_messages_signal_owner",
-    "oke_messages_signal_lease",
-)
+# Sort indexes an earlier okengine created, per store: dropped at boot (the ones above replace them).
+_RETIRED_EVERYWHERE = ("oke_messages_signal_attempts", "oke_messages_signal_owner", "oke_messages_signal_lease")
+RETIRED_SORT_INDEXES = {
+    "postgresql": ("oke_messages_signal_id", "oke_messages_signal_created", *_RETIRED_EVERYWHERE),
+    "sqlite": ("oke_messages_settled_id", "oke_messages_settled_created", *_RETIRED_EVERYWHERE),
+}
 
 # Messages per signal and status, kept by triggers (store/counts.py): the overview reads these,
 # not the messages. PostgreSQL's triggers append to count_deltas, folded into counts now and then.
