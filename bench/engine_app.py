@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import engine
@@ -28,6 +30,29 @@ def declare(handler: Callable = noop):
 
 def make_app(url: str, name: str = "bench"):
     return oke(name, database_url=url, lease_ms=LEASE_MS)
+
+
+@contextlib.contextmanager
+def without_history_and_heartbeats() -> Iterator[None]:
+    """The engine with its per-minute history tally and its worker heartbeats switched off, in this
+    process only: the side-by-side row that prices what recording them costs (issue 15)."""
+    from engine.heartbeat import WorkerHeartbeat
+    from engine.store.history import HistoryTally
+
+    async def enter(self):
+        return self
+
+    async def leave(self, *_exc) -> None:
+        return None
+
+    saved = (HistoryTally.emitted, HistoryTally.settled, WorkerHeartbeat.__aenter__, WorkerHeartbeat.__aexit__)
+    HistoryTally.emitted = lambda self, rows: None
+    HistoryTally.settled = lambda self, outcomes, held, failed_to: None
+    WorkerHeartbeat.__aenter__, WorkerHeartbeat.__aexit__ = enter, leave
+    try:
+        yield
+    finally:
+        HistoryTally.emitted, HistoryTally.settled, WorkerHeartbeat.__aenter__, WorkerHeartbeat.__aexit__ = saved
 
 
 DELAY_MAX_MS = 50  # the delayed mix: every other message waits 1–50 ms (SPEC §12 `delay`)

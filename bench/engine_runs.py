@@ -9,6 +9,7 @@ delivered == N, sum(attempts) == N, max(attempts) == 1, and N succeeded rows in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
@@ -17,13 +18,24 @@ import time
 import uuid
 
 from common import BENCH_DIR, Window, pg_prepare_table, pg_wal, proc_io_written, wal_fields
-from engine_app import StoreProbe, declare, emit_all, make_app, verify_pg, verify_sqlite
+from engine_app import StoreProbe, declare, emit_all, make_app, verify_pg, verify_sqlite, without_history_and_heartbeats
 
 EMIT_PARALLEL = 32  # app.emit calls in flight while filling the store (not timed)
 
 
-async def pg_single(cluster, n: int, concurrency: int, delayed: bool = False) -> dict:
-    """`delayed`: the 50 % delayed mix (engine_app.emit_options), recorded as bench pg_engine_delayed."""
+def _bench_name(store: str, delayed: bool, bare: bool) -> str:
+    return f"{store}_engine" + ("_delayed" if delayed else "") + ("_bare" if bare else "")
+
+
+async def pg_single(cluster, n: int, concurrency: int, delayed: bool = False, bare: bool = False) -> dict:
+    """`delayed`: the 50 % delayed mix (engine_app.emit_options), recorded as bench pg_engine_delayed;
+    `bare`: without history or worker heartbeats (engine_app.without_history_and_heartbeats), as
+    pg_engine_bare."""
+    with without_history_and_heartbeats() if bare else contextlib.nullcontext():
+        return await _pg_single(cluster, n, concurrency, delayed, bare)
+
+
+async def _pg_single(cluster, n: int, concurrency: int, delayed: bool, bare: bool) -> dict:
     db = f"bench_e_{uuid.uuid4().hex[:10]}"
     url = cluster.create_database(db)
     dsn = cluster.dsn(db)
@@ -41,7 +53,7 @@ async def pg_single(cluster, n: int, concurrency: int, delayed: bool = False) ->
         chk, ok = await verify_pg(dsn, n)
     finally:
         cluster.drop_database(db)
-    return {"bench": "pg_engine_delayed" if delayed else "pg_engine", "processes": 1, "concurrency": concurrency,
+    return {"bench": _bench_name("pg", delayed, bare), "processes": 1, "concurrency": concurrency,
             "messages": n,
             **win.fields(n), **wal, "emit_per_s": emit_rate, **probe.stats(), "verified": ok, "check": chk}
 
@@ -116,8 +128,13 @@ def _checkpoint(path: str) -> list:
         conn.close()
 
 
-async def sqlite_single(workdir: str, n: int, concurrency: int, delayed: bool = False) -> dict:
-    """`delayed`: the 50 % delayed mix (engine_app.emit_options), recorded as bench sqlite_engine_delayed."""
+async def sqlite_single(workdir: str, n: int, concurrency: int, delayed: bool = False, bare: bool = False) -> dict:
+    """`delayed` and `bare` as for pg_single (bench sqlite_engine_delayed, sqlite_engine_bare)."""
+    with without_history_and_heartbeats() if bare else contextlib.nullcontext():
+        return await _sqlite_single(workdir, n, concurrency, delayed, bare)
+
+
+async def _sqlite_single(workdir: str, n: int, concurrency: int, delayed: bool, bare: bool) -> dict:
     path = os.path.join(workdir, f"engine-{uuid.uuid4().hex[:8]}.db")
     try:
         sig = declare()
@@ -136,7 +153,7 @@ async def sqlite_single(workdir: str, n: int, concurrency: int, delayed: bool = 
                 os.remove(path + suf)
             except FileNotFoundError:
                 pass
-    return {"bench": "sqlite_engine_delayed" if delayed else "sqlite_engine", "concurrency": concurrency, "messages": n, **win.fields(n),
+    return {"bench": _bench_name("sqlite", delayed, bare), "concurrency": concurrency, "messages": n, **win.fields(n),
             "written_bytes_per_msg": round(written / n), "emit_per_s": emit_rate, "checkpoint": ckpt,
             **probe.stats(),
             "verified": ok, "check": chk}

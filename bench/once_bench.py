@@ -102,6 +102,9 @@ async def pg_throughput(rec, cluster, a):
             await measure(rec, a, f"okengine pg C={c}", rep, lambda: pg_single(cluster, n, c))
         await measure(rec, a, "okengine pg 4 procs x 8", rep, lambda: pg_multi(cluster, n, 4, 8))
         await measure(rec, a, "okengine pg C=8, 50 % delayed", rep, lambda: pg_single(cluster, n, 8, delayed=True))
+        for c in (8, 32):
+            await measure(rec, a, f"okengine pg C={c}, no history or heartbeats", rep,
+                          lambda: pg_single(cluster, n, c, bare=True))
         for c in (1, 8, 32):
             await measure(rec, a, f"procrastinate C={c}", rep,
                           lambda: procrastinate_peer.run(proc_dsn, n, c, cluster.data_dir))
@@ -124,6 +127,9 @@ async def sqlite_throughput(rec, a):
                 await measure(rec, a, f"okengine sqlite C={c}", rep, lambda: sqlite_single(d, a.messages, c))
             await measure(rec, a, "okengine sqlite C=8, 50 % delayed", rep,
                           lambda: sqlite_single(d, a.messages, 8, delayed=True))
+            for c in (8, 32):
+                await measure(rec, a, f"okengine sqlite C={c}, no history or heartbeats", rep,
+                              lambda: sqlite_single(d, a.messages, c, bare=True))
             for b in (1, 8, 32):
                 await measure(rec, a, f"raw sqlite3 batch {b}", rep,
                               lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))

@@ -41,6 +41,18 @@ def _table(title: str, header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def bookkeeping_floors(store: str, eng, bare) -> list:
+    """Issue 15: recording history and worker heartbeats costs at most 5 % of throughput, measured
+    against the same engine with both switched off, in the same run."""
+    floors = []
+    for c in CONCS[1:]:
+        if eng[c] and bare[c]:
+            a, b = med(eng[c]), med(bare[c])
+            floors.append((f"{store}, {c} handlers: history and heartbeats cost ≤ 5 % (vs both off)",
+                           f"{a:.0f} vs {b:.0f} = {1 - a / b:+.1%} cost", a >= 0.95 * b))
+    return floors
+
+
 def pg_section(rec, n, reps):
     eng = {c: rec.select(bench="pg_engine", processes=1, concurrency=c) for c in CONCS}
     mp = rec.select(bench="pg_engine", processes=4, concurrency=8)
@@ -50,9 +62,11 @@ def pg_section(rec, n, reps):
     raw = lambda t, b: rec.select(bench="pg_raw", tasks=t, batch=b)  # noqa: E731
     hdr = ["PostgreSQL, msgs/s", *[f"C={c}" for c in CONCS]]
     delayed = rec.select(bench="pg_engine_delayed", concurrency=8)
+    bare = {c: rec.select(bench="pg_engine_bare", concurrency=c) for c in CONCS}
     L = [
         ["okengine: 1 process, C handlers", *[cell(eng[c]) for c in CONCS]],
         ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
+        ["okengine: no history or worker heartbeats", "—", *[cell(bare[c]) for c in CONCS[1:]]],
         ["procrastinate: concurrency C", *[cell(proc[c]) for c in CONCS]],
         ["PgQueuer: C jobs in flight (1×8, 4×8)", "—", cell(pgq_at[8]), cell(pgq_at[32])],
         ["PgQueuer: its benchmark's 5 × batch 10", "", cell(pgq(5, 10)), ""],
@@ -109,6 +123,9 @@ def pg_section(rec, n, reps):
         a, b = med(eng[8]), med(raw(8, 8))
         floors.append(("PostgreSQL, 8 handlers ≥ 50% of raw asyncpg at the engine's batch (8 tasks × batch 8)",
                        f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+        floors.append(("PostgreSQL, 8 handlers ≥ 90% of raw asyncpg holding as many leases (8 × batch 8)",
+                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.9 * b))
+    floors += bookkeeping_floors("PostgreSQL", eng, bare)
     return out, floors
 
 
@@ -121,8 +138,10 @@ def sqlite_section(rec, n, reps):
     ceiling = {c: max((med(rows) for rows in (raw[c], own[c]) if rows), default=None) for c in CONCS}
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
     delayed = rec.select(bench="sqlite_engine_delayed", concurrency=8)
+    bare = {c: rec.select(bench="sqlite_engine_bare", concurrency=c) for c in CONCS}
     L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
          ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
+         ["okengine: no history or worker heartbeats", "—", *[cell(bare[c]) for c in CONCS[1:]]],
          ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
          ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
          ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],
@@ -140,6 +159,11 @@ def sqlite_section(rec, n, reps):
             a, b = med(eng[c]), ceiling[c]
             floors.append((f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 (batch {c}, faster of the two)",
                            f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+    if eng[32] and ceiling[32]:
+        a, b = med(eng[32]), ceiling[32]
+        floors.append(("SQLite, 32 handlers ≥ 70% of raw sqlite3 (batch 32, faster of the two)",
+                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.7 * b))
+    floors += bookkeeping_floors("SQLite", eng, bare)
     return out, floors
 
 
@@ -159,13 +183,16 @@ def latency_section(rec, samples, reps):
         p50, p99 = med(eng, "p50_ms"), med(eng, "p99_ms")
         floors.append(("latency p50 < 5 ms (PostgreSQL)", f"{p50:.2f} ms", p50 < 5))
         floors.append(("latency p99 < 20 ms (PostgreSQL)", f"{p99:.2f} ms", p99 < 20))
+    if eng and raw:
+        a, b = med(eng, "p50_ms"), med(raw, "p50_ms")
+        floors.append(("latency p50 ≤ 1.2× raw LISTEN/NOTIFY", f"{a:.2f} vs {b:.2f} ms = {a / b:.2f}×", a <= 1.2 * b))
     return out, floors
 
 
 def floors_table(floors) -> str:
     if not floors:
         return ""
-    return "\n" + _table("Floors from issue #2", ["floor", "measured (medians)", "verdict"],
+    return "\n" + _table("Floors (issues 2, 15 and 16)", ["floor", "measured (medians)", "verdict"],
                          [[name, got, "PASS" if ok else "FAIL"] for name, got, ok in floors])
 
 
