@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""How fast `app.emit_many` stores messages, against the fastest raw write into the same table.
+"""How fast `app.emit_many` stores messages, against the fastest raw write into the same table
+and PgQueuer's batch enqueue.
 
     python bench/enqueue_bench.py                     # 100,000 messages on SQLite and PostgreSQL
     python bench/enqueue_bench.py --messages 2000 --only sqlite
 
 Each store gets a fresh database. Per repetition: `emit_many` of N payloads (validated, encoded,
 one transaction in chunks), then the baseline writing the same N rows into oke_messages in one
-transaction: on SQLite a stdlib `executemany` of the insert, on PostgreSQL asyncpg's COPY. Prints
-messages/s for both and emit_many's share of the baseline's speed (the ratio). PostgreSQL is a
-private throw-away cluster (tests/pgcluster.py), stopped at the end.
+transaction: on SQLite a stdlib `executemany` of the insert, on PostgreSQL asyncpg's COPY; on
+PostgreSQL also PgQueuer's `Queries.enqueue` of the same N payloads (its batch enqueue: one
+statement of arrays). Prints messages/s for each and emit_many's share of the baseline's speed (the
+ratio). PostgreSQL is a private throw-away cluster (tests/pgcluster.py), stopped at the end.
+`python bench/once_bench.py` runs the same measurements as its section 4 (`rows`).
 """
 
 from __future__ import annotations
@@ -109,17 +112,63 @@ async def clear(url: str, is_sqlite: bool, target: str) -> None:
     await conn.close()
 
 
-async def measure(label: str, url: str, raw: Callable[[int], Awaitable[float]], target: str, a) -> None:
-    engine_s, raw_s = [], []
+def pgqueuer_run(dsn: str) -> Callable[[int], Awaitable[float]]:
+    """PgQueuer's batch enqueue of the same payloads, into its own table (schema installed once)."""
+
+    async def run(n: int) -> float:
+        import asyncpg
+        from peers import pgqueuer_peer
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        await pgqueuer_peer.install(dsn)
+        payloads = [f'{{"n":{i},"body":"{PAYLOAD_BODY}"}}'.encode() for i in range(n)]
+        conn = await asyncpg.connect(dsn)
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            await queries.clear_queue()
+            started = time.perf_counter()
+            await queries.enqueue(["noop"] * n, payloads, [0] * n)
+            took = time.perf_counter() - started
+            await queries.clear_queue()
+            return took
+        finally:
+            await conn.close()
+
+    return run
+
+
+def rows(store: str, url: str, target: str, n: int) -> list[tuple[str, Callable[[], Awaitable[dict]]]]:
+    """(label, one timed run) of each contender on one store, for a caller that repeats and records them."""
+    is_sqlite = store == "sqlite"
+
+    def timed(bench: str, write: Callable[[int], Awaitable[float]]) -> Callable[[], Awaitable[dict]]:
+        async def one() -> dict:
+            took = await write(n)
+            await clear(url, is_sqlite, target)
+            return {"bench": bench, "store": store, "messages": n, "msgs_per_s": round(n / took, 1)}
+
+        return one
+
+    out = [(f"okengine {store} emit_many", timed("enqueue_engine", lambda k: engine_run(url, k))),
+           (f"raw {'sqlite3 executemany' if is_sqlite else 'asyncpg COPY'}",
+            timed("enqueue_raw", sqlite_raw(target) if is_sqlite else pg_raw(target)))]
+    if not is_sqlite:
+        out.append(("pgqueuer batch enqueue", timed("enqueue_pgqueuer", pgqueuer_run(target))))
+    return out
+
+
+async def measure(store: str, url: str, target: str, a) -> None:
+    runs = rows(store, url, target, a.messages)
+    speeds: dict[str, list[float]] = {label: [] for label, _ in runs}
     for _ in range(a.reps):
-        engine_s.append(await engine_run(url, a.messages))
-        await clear(url, label == "sqlite", target)
-        raw_s.append(await raw(a.messages))
-        await clear(url, label == "sqlite", target)
-    e, r = statistics.median(engine_s), statistics.median(raw_s)
-    baseline = "executemany" if label == "sqlite" else "COPY"
-    print(f"{label:>7}: emit_many {a.messages / e:>10,.0f} msgs/s   raw {baseline} {a.messages / r:>10,.0f} msgs/s"
-          f"   ratio {r / e:.2f} (emit_many's speed as a share of the raw write's)", flush=True)
+        for label, one in runs:
+            speeds[label].append((await one())["msgs_per_s"])
+    med = {label: statistics.median(v) for label, v in speeds.items()}
+    engine_speed = med[runs[0][0]]
+    for label, speed in med.items():
+        share = "" if label == runs[0][0] else f"   emit_many / this {engine_speed / speed:.2f}"
+        print(f"{store:>7}  {label:<30} {speed:>10,.0f} msgs/s{share}", flush=True)
 
 
 async def main() -> None:
@@ -130,14 +179,14 @@ async def main() -> None:
     if "sqlite" in only:
         with tempfile.TemporaryDirectory(prefix="oke-enqueue-") as tmp:
             path = str(Path(tmp) / "bench.db")
-            await measure("sqlite", f"sqlite+aiosqlite:///{path}", sqlite_raw(path), path, a)
+            await measure("sqlite", f"sqlite+aiosqlite:///{path}", path, a)
     if "pg" in only:
         cluster = PgCluster(use_env=False)
         cluster.start()
         try:
             url = cluster.create_database("oke_enqueue_bench")
             dsn = cluster.dsn("oke_enqueue_bench")
-            await measure("pg", url, pg_raw(dsn), dsn, a)
+            await measure("pg", url, dsn, a)
         finally:
             cluster.stop()
 

@@ -189,6 +189,27 @@ def latency_section(rec, samples, reps):
     return out, floors
 
 
+def enqueue_section(rec, n, reps):
+    """Issue 16: emit_many of n messages against a raw write of the same rows (and PgQueuer's batch
+    enqueue on PostgreSQL); floor: at least half the raw write's speed."""
+    hdr = ["enqueue, msgs/s", "SQLite", "PostgreSQL"]
+    sel = lambda bench, store: rec.select(bench=bench, store=store)  # noqa: E731
+    stores = ("sqlite", "pg")
+    L = [["okengine: app.emit_many", *[cell(sel("enqueue_engine", st)) for st in stores]],
+         ["raw: executemany (SQLite) / COPY (PostgreSQL)", *[cell(sel("enqueue_raw", st)) for st in stores]],
+         ["PgQueuer: Queries.enqueue, one batch", "—", cell(sel("enqueue_pgqueuer", "pg"))],
+         ["ours / raw", *[ratio(med(sel("enqueue_engine", st)), med(sel("enqueue_raw", st))) for st in stores]],
+         ["ours / PgQueuer", "—", ratio(med(sel("enqueue_engine", "pg")), med(sel("enqueue_pgqueuer", "pg")))]]
+    out = _table(f"\n4. Enqueue in bulk — one emit_many of {n:,} messages (validated, encoded, one transaction), "
+                 f"median (min–max) of {reps}", hdr, L)
+    floors = []
+    for st, name in (("sqlite", "SQLite"), ("pg", "PostgreSQL")):
+        a, b = med(sel("enqueue_engine", st)), med(sel("enqueue_raw", st))
+        if a and b:
+            floors.append((f"{name}: emit_many ≥ 50% of the raw write", f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+    return out, floors
+
+
 def floors_table(floors) -> str:
     if not floors:
         return ""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from engine import OkeError, flow, oke, on, signal
-from engine.store.sql.enqueue import ENQUEUE_CHUNK
+from engine import OkeError, flow, oke, on, ops, signal
+from engine.store.sql.enqueue import COPY_FROM_ROWS, ENQUEUE_CHUNK
 from workers.db import fetch, scalar
 
 
@@ -28,8 +30,37 @@ async def test_many_messages_are_stored_in_the_order_given_and_delivered(db_url)
         assert [r[0] for r in rows] == ids
         assert [r[1] for r in rows[:3]] == ['{"n":0}', '{"n":1}', '{"n":2}']
         assert {r[2] for r in rows} == {"pending"}
+        # the counts the overview reads follow rows written in bulk (COPY on PostgreSQL) too
+        [stats] = [st for st in await ops.stats(app.store) if st.signal == "orders"]
+        assert (stats.pending, stats.delivered) == (count, 0)
         await app.drain()
+        [stats] = [st for st in await ops.stats(app.store) if st.signal == "orders"]
+        assert (stats.pending, stats.delivered) == (0, count)
     assert sorted(handled) == list(range(count))
+
+
+async def test_a_large_keyed_batch_keeps_each_keys_order_for_a_running_worker(db_url):
+    jobs = signal.once("jobs")
+    seen: list[tuple[str, int]] = []
+    done = asyncio.Event()
+    count = COPY_FROM_ROWS + 3  # large enough to be written in bulk
+
+    def handle(p, fx):
+        seen.append((p["k"], p["n"]))
+        if len(seen) == count:
+            done.set()
+
+    on(jobs, flow("w.jobs", do=handle))
+    keys = [f"k{n % 50}" for n in range(count)]
+    async with oke("shop", database_url=db_url) as app:
+        worker = asyncio.create_task(app.run(concurrency=8))
+        await asyncio.sleep(0.5)  # the worker is up and idle
+        await app.emit_many(jobs, [{"k": k, "n": n} for n, k in enumerate(keys)], keys=keys)
+        await asyncio.wait_for(done.wait(), 90)
+        await app.stop()
+        await worker
+    for key in set(keys):
+        assert [n for k, n in seen if k == key] == [n for n, k in enumerate(keys) if k == key]
 
 
 async def test_keys_give_one_key_per_payload_and_keep_each_keys_order(db_url):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from sqlalchemy import Connection, func, select, text, update
@@ -25,9 +24,9 @@ from .wake import Waker
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A row to enqueue: one per once message, one per flow for a broadcast."""
+class NewMessage(NamedTuple):
+    """A row to enqueue: one per once message, one per flow for a broadcast. (A named tuple, as
+    Claimed: emit_many builds one per message, 0.5 µs instead of 2.5 for a frozen dataclass.)"""
 
     id: str
     signal: str

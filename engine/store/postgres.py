@@ -27,7 +27,15 @@ from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .history import HistoryTally
 from .sql.claim import claim_order, postgres_claim_statement
-from .sql.enqueue import ENQUEUE_CHUNK, POSTGRES_HOLDER, POSTGRES_INSERT, POSTGRES_INSERT_TIMED, POSTGRES_KEY_LOCKS
+from .sql.enqueue import (
+    COPY_COLUMNS,
+    COPY_FROM_ROWS,
+    ENQUEUE_CHUNK,
+    POSTGRES_HOLDER,
+    POSTGRES_INSERT,
+    POSTGRES_INSERT_TIMED,
+    POSTGRES_KEY_LOCKS,
+)
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import Waker, tape_topic, wake_local, wake_tapes
@@ -159,7 +167,7 @@ class PostgresStore(Store):
                 await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))  # the common emit: one statement
                 holder = None
             else:
-                holder = await _insert_in_transaction(_asyncpg_runner(conn), conn, rows)
+                holder = await _insert_in_transaction(conn, rows)
         if holder is None:
             self.tally.emitted((r.signal, r.created_at) for r in rows)
         wake_local(self.url)
@@ -278,6 +286,8 @@ def _timed_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
 # run(sql, args, fetch): a statement on one connection, its rows when fetch (asyncpg's own
 # connection for our transactions, SQLAlchemy's for the caller's).
 Runner = Callable[[str, tuple[Any, ...], bool], Awaitable[list[Any]]]
+# copy(rows): COPY plain rows into oke_messages on the same connection (asyncpg's only).
+Copier = Callable[[Sequence[NewMessage]], Awaitable[None]]
 
 
 def _asyncpg_runner(conn: Any) -> Runner:
@@ -290,6 +300,21 @@ def _asyncpg_runner(conn: Any) -> Runner:
     return run
 
 
+def _asyncpg_copier(conn: Any) -> Copier:
+    async def copy(rows: Sequence[NewMessage]) -> None:
+        records = [
+            (
+                r.id, r.signal, r.queue, r.flow, r.key, r.payload, "pending", 0, r.retries, r.dead_letter,
+                r.created_at, r.created_at, r.parent_run_id, 0, r.traceparent,
+            )
+            for r in rows
+        ]  # fmt: skip
+        await conn.copy_records_to_table("oke_messages", records=records, columns=COPY_COLUMNS)
+        await conn.execute(POSTGRES_WAKE_QUEUES, list(dict.fromkeys(r.queue for r in rows)))
+
+    return copy
+
+
 def _sqlalchemy_runner(conn: AsyncConnection) -> Runner:
     async def run(sql: str, args: tuple[Any, ...], fetch: bool) -> list[Any]:
         result = await conn.exec_driver_sql(sql, args)
@@ -298,16 +323,20 @@ def _sqlalchemy_runner(conn: AsyncConnection) -> Runner:
     return run
 
 
-async def _insert_rows(run: Runner, rows: Sequence[NewMessage]) -> set[str]:
+async def _insert_rows(run: Runner, rows: Sequence[NewMessage], copy: Copier | None = None) -> set[str]:
     """Inside a transaction: the per-key locks, then the rows, ENQUEUE_CHUNK a statement (the
-    timed statement for a chunk with time or order options); the ids it stored."""
+    timed statement for a chunk with time or order options, COPY for a large plain one when
+    `copy` is given); the ids it stored."""
     keys = [f"{r.queue}\x1f{r.key}" for r in rows if r.key is not None]
     if keys:
         await run(POSTGRES_KEY_LOCKS, (keys,), False)
     stored: set[str] = set()
     for start in range(0, len(rows), ENQUEUE_CHUNK):
         chunk = rows[start : start + ENQUEUE_CHUNK]
-        if all(r.plain for r in chunk):
+        if copy is not None and len(chunk) >= COPY_FROM_ROWS and all(r.plain for r in chunk):
+            await copy(chunk)
+            stored.update(r.id for r in chunk)
+        elif all(r.plain for r in chunk):
             await run(POSTGRES_INSERT, _insert_columns(chunk), False)
             stored.update(r.id for r in chunk)
         else:
@@ -320,14 +349,14 @@ async def _insert_rows(run: Runner, rows: Sequence[NewMessage]) -> set[str]:
 _DEDUPE_TRIES = 5
 
 
-async def _insert_deduped(run: Runner, rows: Sequence[NewMessage]) -> str | None:
+async def _insert_deduped(run: Runner, rows: Sequence[NewMessage], copy: Copier | None = None) -> str | None:
     """The rows; when the first one's dedupe key is held, nothing of it is stored and the holder's
     id is returned. A skipped insert waited for a concurrent holder to commit; a holder that
     finished before its id was read frees the key: insert again (every row of one emit carries
     the key, so a second insert stores only what the first skipped)."""
     first = rows[0]
     for _ in range(_DEDUPE_TRIES):
-        stored = await _insert_rows(run, rows)
+        stored = await _insert_rows(run, rows, copy)
         if first.dedupe is None or first.id in stored:
             return None
         found = await run(POSTGRES_HOLDER, (first.queue, first.dedupe), True)
@@ -336,9 +365,9 @@ async def _insert_deduped(run: Runner, rows: Sequence[NewMessage]) -> str | None
     raise RuntimeError(f'emit("{first.signal}", dedupe=...): the key kept changing hands; try again')
 
 
-async def _insert_in_transaction(run: Runner, conn: Any, rows: Sequence[NewMessage]) -> str | None:
+async def _insert_in_transaction(conn: Any, rows: Sequence[NewMessage]) -> str | None:
     async with conn.transaction():
-        return await _insert_deduped(run, rows)
+        return await _insert_deduped(_asyncpg_runner(conn), rows, _asyncpg_copier(conn))
 
 
 async def _settle_on(
