@@ -1119,7 +1119,7 @@ def check_pause(rep: Report, obs: Observed, logged: dict[tuple[str, int], Attemp
         strict_from = committed + PAUSE_GRACE_S + CLAIM_SLACK_S
         grace_here = sum(1 for t, _ in starts if committed <= t < strict_from)
         latest = max([latest] + [t - committed for t, _ in starts if committed <= t < strict_from])
-        early = sorted((t, att) for t, att in starts if strict_from <= t < issued)
+        early = sorted(((t, att) for t, att in starts if strict_from <= t < issued), key=lambda s: s[0])
         problems += [f"attempt {att.n} of {att.msg} started at {t:.3f} by {att.worker}, {t - committed:.2f} s "
                      f"into the pause ({how}) committed at {committed:.3f}, resumed at {issued:.3f}"
                      + (f" (lease from {att.claim / 1000:.3f})" if att.claim is not None else "")
