@@ -479,7 +479,7 @@ async def _until_toggled(app: Any, url: str, obs: Observed, how: str, *, pause: 
     fails some); when the successful call returned (epoch s)."""
     from engine import ops
     verb = "pause" if pause else "resume"
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), NO_COLOR="1")
+    env = cli_env()
     while True:
         try:
             if how == "cli":
@@ -577,11 +577,15 @@ async def ops_reader(app: Any, obs: Observed, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
 
 
+def cli_env() -> dict[str, str]:
+    """The environment `python -m okconsole` runs in: this checkout's code, no colours."""
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), NO_COLOR="1")
+
+
 async def cli_reader(url: str, cfg: Config, obs: Observed, stop: asyncio.Event) -> None:
     """`python -m okconsole stats --json` in a process of its own, now and then."""
     last_finished = 0
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               NO_COLOR="1")
+    env = cli_env()
     while not stop.is_set():
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "okconsole", "--db", url, "stats", "--json",
