@@ -11,7 +11,9 @@ Each message's payload is its plan: how many attempts fail (some fail them all a
 which attempt sleeps past the short lease. While the messages are emitted, a killer SIGKILLs a
 random worker every few seconds and starts a new one (a new worker id: `w<slot>.<incarnation>`),
 PostgreSQL is restarted (fast, immediate = crash recovery, and stopped for a few seconds), every
-attempt of a share of the messages appends an event to the live tape `chaos.tape`, and readers follow the tape and the console (`engine.ops.stats` and
+attempt of a share of the messages appends an event to the live tape `chaos.tape`, `chaos.jobs` is
+paused for a few seconds now and then (2-3 windows; `engine.ops.pause` / `resume`, the second window
+through `okconsole pause/resume --yes`), and readers follow the tape and the console (`engine.ops.stats` and
 `python -m okconsole stats --json`) the whole time. Then the run drains, the workers stop, and the
 records are checked against SPEC §5 and §7 with plain SQL and the handlers' own logs:
 
@@ -54,6 +56,10 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
              row); every delayed message was stored with a run_at; the twin emits of a dedupe key
              returned one id (unless an outage made one unconfirmed); a watcher polling during the
              run never saw two pending/inflight messages with one dedupe key
+  pause      every planned pause window happened (from the pause call's return to the resume call):
+             no attempt started in one after its first 1.3 s (SPEC §11's 1 s, plus a claim's round
+             trip), emits were still stored in the windows, pause/resume calls failed only in
+             restarts (and were made again), and the signal ends resumed (the drain is `final`)
 
 Exit status 0 when every check passes, 1 otherwise.
 """
@@ -112,6 +118,9 @@ class Config:
     delayed_share: float = 0.25   # emitted with delay 0-500 ms (SPEC §12)
     priority_share: float = 0.2   # emitted with priority 1-9
     dedupe_share: float = 0.1     # emitted twice at once with one dedupe key (and a delay, so the twin meets it)
+    pause_windows: int = 3        # the jobs signal is paused this many times during the run (SPEC §11)
+    pause_for: tuple[float, float] = (3.0, 6.0)    # each pause lasts this long (s)
+    pause_gap: tuple[float, float] = (10.0, 20.0)  # before each pause (s)
 
 
 def profile(backend: str, short: bool, seed: int) -> Config:
@@ -129,10 +138,12 @@ def profile(backend: str, short: bool, seed: int) -> Config:
     if backend == "pg":
         return Config("pg", True, workers=4, messages=800, keys=24, keyed_share=0.6, concurrency=4,
                       slow_share=0.02, tape_share=0.5, emit_s=8, kill_every=(1.5, 3.0), down_for=(0.1, 0.6),
-                      pg_restarts=((0.45, "immediate"),), drain_timeout_s=90, cli_every_s=2.0, seed=seed)
+                      pg_restarts=((0.45, "immediate"),), drain_timeout_s=90, cli_every_s=2.0,
+                      pause_windows=2, pause_for=(2.0, 3.0), pause_gap=(0.5, 1.5), seed=seed)
     return Config("sqlite", True, workers=2, messages=700, keys=8, keyed_share=0.6, lease_ms=1000,
                   slow_ms=1300, slow_share=0.02, emit_s=6, kill_every=(1.5, 3.0), down_for=(0.1, 0.6),
-                  drain_timeout_s=90, cli_every_s=2.0, seed=seed)
+                  drain_timeout_s=90, cli_every_s=2.0, pause_windows=2, pause_for=(2.0, 2.5),
+                  pause_gap=(0.5, 1.0), seed=seed)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -351,6 +362,9 @@ class Observed:
     twins: dict[int, str] = field(default_factory=dict)  # n -> the id the twin dedupe emit returned
     dedupe_polls: int = 0
     dedupe_doubles: list[str] = field(default_factory=list)  # dedupe keys seen held twice at once
+    pause_planned: int = 0  # windows the pauser set out to make (0: no pauser ran, no pause check)
+    pauses: list[tuple[float, float, str]] = field(default_factory=list)  # (committed, resume issued, how)
+    pause_failures: list[tuple[float, str]] = field(default_factory=list)  # pause/resume calls that failed
     emit_started: float = 0.0
     emit_ended: float = 0.0
     drained: float = 0.0
@@ -436,6 +450,54 @@ async def restarter(pg: Any, cfg: Config, obs: Observed, progress: asyncio.Event
         obs.restarts.append((t0, time.time(), mode))
 
 
+async def pauser(app: Any, url: str, cfg: Config, obs: Observed) -> None:
+    """Pause the jobs signal now and then while the run goes on (SPEC §11), the second window through
+    the real CLI, the others through `engine.ops`; always leave it resumed, or the drain never ends."""
+    rng = random.Random(cfg.seed + 2)
+    obs.pause_planned = cfg.pause_windows
+    while not obs.confirmed:  # the emission has begun
+        await asyncio.sleep(0.05)
+    paused = False
+    try:
+        for i in range(cfg.pause_windows):
+            await asyncio.sleep(rng.uniform(*cfg.pause_gap))
+            how = "cli" if i == 1 else "ops"
+            paused = True  # from the first call on: it may commit though it raises
+            committed = await _until_toggled(app, url, obs, how, pause=True)
+            await asyncio.sleep(rng.uniform(*cfg.pause_for))
+            issued = time.time()
+            obs.pauses.append((committed, issued, how))
+            await _until_toggled(app, url, obs, how, pause=False)
+            paused = False
+    finally:
+        if paused:
+            await _until_toggled(app, url, obs, "ops", pause=False)
+
+
+async def _until_toggled(app: Any, url: str, obs: Observed, how: str, *, pause: bool) -> float:
+    """Pause (or resume) the jobs signal, calling again until a call succeeds (a database restart
+    fails some); when the successful call returned (epoch s)."""
+    from engine import ops
+    verb = "pause" if pause else "resume"
+    env = cli_env()
+    while True:
+        try:
+            if how == "cli":
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "okconsole", "--db", url, verb, JOBS, "--yes", "--reason", "chaos",
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL)
+                _out, errout = await proc.communicate()
+                if proc.returncode != 0:
+                    raise RuntimeError(f"okconsole {verb} exit {proc.returncode}: "
+                                       f"{errout.decode(errors='replace').strip()[-200:]}")
+            else:
+                await (ops.pause if pause else ops.resume)(app.store, JOBS, actor="chaos", reason="chaos")
+            return time.time()
+        except Exception as err:
+            obs.pause_failures.append((time.time(), f"{verb} ({how}) {type(err).__name__}: {str(err)[:160]}"))
+            await asyncio.sleep(0.2)
+
+
 async def tape_follower(url: str, obs: Observed, stop: asyncio.Event) -> None:
     """Poll the tape from the store while the run goes on: seqs must only grow, one by one."""
     reader = Plain(url)
@@ -515,11 +577,15 @@ async def ops_reader(app: Any, obs: Observed, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
 
 
+def cli_env() -> dict[str, str]:
+    """The environment `python -m okconsole` runs in: this checkout's code, no colours."""
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), NO_COLOR="1")
+
+
 async def cli_reader(url: str, cfg: Config, obs: Observed, stop: asyncio.Event) -> None:
     """`python -m okconsole stats --json` in a process of its own, now and then."""
     last_finished = 0
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               NO_COLOR="1")
+    env = cli_env()
     while not stop.is_set():
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "okconsole", "--db", url, "stats", "--json",
@@ -538,7 +604,7 @@ async def cli_reader(url: str, cfg: Config, obs: Observed, stop: asyncio.Event) 
                 last_finished = max(last_finished, finished)
                 obs.cli_reads += 1
             except Exception as err:
-                obs.cli_failures.append((at, 0, f"bad JSON: {err}: {out[:200]!r}"))
+                obs.cli_failures.append((time.time(), 0, f"bad JSON: {err}: {out[:200]!r}"))
         try:
             await asyncio.wait_for(stop.wait(), cfg.cli_every_s)
         except TimeoutError:
@@ -664,6 +730,8 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
         tape = await rd.rows("SELECT seq, payload FROM oke_tape_events WHERE signal = $1 ORDER BY seq", TAPE)
         timed = await rd.rows("SELECT id, run_at, priority, dedupe, payload FROM oke_messages WHERE signal = $1",
                               JOBS)
+        created = [c for (c,) in await rd.rows("SELECT created_at FROM oke_messages WHERE signal = $1", JOBS)]
+        paused_now = [s for (s,) in await rd.rows("SELECT signal FROM oke_pauses")]
     finally:
         await rd.close()
     logged, log_problems = read_logs(root)
@@ -983,6 +1051,8 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
               f"{len(workers.all)} incarnations, {len(workers.killed)} SIGKILLed, the rest stopped cleanly; "
               f"no tracebacks but asyncpg's reconnect warnings", problems)
     check_time_order(rep, cfg, plan, obs, logged, timed)
+    if obs.pause_planned:
+        check_pause(rep, obs, logged, created, paused_now)
     return rep
 
 
@@ -1032,6 +1102,47 @@ def check_time_order(rep: Report, cfg: Config, plan: list[Planned], obs: Observe
               f"{obs.dedupe_polls} dedupe polls saw no key held twice", problems)
 
 
+PAUSE_GRACE_S = 1.0   # SPEC §11: no process claims a paused signal from at most 1 s after the pause
+CLAIM_SLACK_S = 0.3   # a claim sent just inside the grace, on the wire, and its handler's start
+
+
+def check_pause(rep: Report, obs: Observed, logged: dict[tuple[str, int], Attempt], created: list[int],
+                paused_now: list[str]) -> None:
+    """While the jobs signal is paused no attempt starts (past the grace); emits are still stored."""
+    problems: list[str] = []
+    if len(obs.pauses) != obs.pause_planned:
+        problems.append(f"{len(obs.pauses)} pause windows of {obs.pause_planned} planned")
+    if JOBS in paused_now:
+        problems.append(f"{JOBS} is still paused after the run")
+    problems += [f"{what} at {at:.1f} outside a restart" for at, what in obs.pause_failures if not _in_outage(obs, at)]
+    starts = [(att.start / 1000, att) for att in logged.values() if att.start is not None]
+    in_grace = strict = stored = 0
+    latest = 0.0  # the latest start into a pause, in its grace
+    per_window = []
+    for committed, issued, how in obs.pauses:
+        strict_from = committed + PAUSE_GRACE_S + CLAIM_SLACK_S
+        grace_here = sum(1 for t, _ in starts if committed <= t < strict_from)
+        latest = max([latest] + [t - committed for t, _ in starts if committed <= t < strict_from])
+        early = sorted(((t, att) for t, att in starts if strict_from <= t < issued), key=lambda s: s[0])
+        problems += [f"attempt {att.n} of {att.msg} started at {t:.3f} by {att.worker}, {t - committed:.2f} s "
+                     f"into the pause ({how}) committed at {committed:.3f}, resumed at {issued:.3f}"
+                     + (f" (lease from {att.claim / 1000:.3f})" if att.claim is not None else "")
+                     for t, att in early]
+        stored_here = sum(1 for c in created if committed * 1000 <= c < issued * 1000)
+        in_grace, strict, stored = in_grace + grace_here, strict + len(early), stored + stored_here
+        per_window.append(f"{issued - committed:.1f} s {how}: {grace_here}+{len(early)} starts, {stored_here} emits")
+    if obs.pauses and stored == 0:
+        problems.append("no message was stored while the signal was paused")
+    paused_s = sum(issued - committed for committed, issued, _ in obs.pauses)
+    rep.check("pause", not problems,
+              f"{len(obs.pauses)} windows, paused {paused_s:.1f} s in all ({'; '.join(per_window)}): "
+              f"{in_grace} attempts started in the first {PAUSE_GRACE_S + CLAIM_SLACK_S:.1f} s (grace; the latest "
+              f"{latest:.2f} s in), "
+              f"{strict} after it; {stored} emits stored while paused; "
+              f"{len(obs.pause_failures)} pause/resume calls failed in restarts and were made again; ends resumed",
+              problems)
+
+
 # --------------------------------------------------------------------------- main
 
 async def run(cfg: Config, keep: bool) -> bool:
@@ -1077,7 +1188,8 @@ async def run(cfg: Config, keep: bool) -> bool:
                        asyncio.create_task(ops_reader(app, obs, stop_readers)),
                        asyncio.create_task(cli_reader(url, cfg, obs, stop_readers)),
                        asyncio.create_task(dedupe_watcher(url, obs, stop_readers))]
-            chaos = [asyncio.create_task(killer(workers, cfg, obs, stop_chaos))]
+            chaos = [asyncio.create_task(killer(workers, cfg, obs, stop_chaos)),
+                     asyncio.create_task(pauser(app, url, cfg, obs))]
             if pg is not None:
                 chaos.append(asyncio.create_task(restarter(pg, cfg, obs, progress)))
             emitting = asyncio.create_task(emitter(app, jobs, cfg, plan, obs, progress))
