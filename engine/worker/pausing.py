@@ -26,25 +26,26 @@ class Pausing(PoolState):
         lanes share one read: a lane never claims with the old set while another lane reads."""
         if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
             async with self.paused_lock:
-                if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S:
-                    try:
-                        await self._read_paused()
-                    finally:
-                        self.paused_read_at = time.monotonic()
+                if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S and await self._read_paused():
+                    self.paused_read_at = time.monotonic()
         return self.claimable
 
-    async def _read_paused(self) -> None:
+    async def _read_paused(self) -> bool:
+        """Re-read the paused set; False when the store was away. The last set is kept then, but
+        not counted as fresh: the next claim reads again first, so a pause that committed just
+        before an outage holds from the first claim after it."""
         try:
             paused = await self.store.read(pauses.paused_signals)
         except Exception as err:
             if not is_outage(err):
                 raise
             log.warning("could not read the paused signals (%s: %s); keeping the last set", type(err).__name__, err)
-            return
+            return False
         if paused != self.paused:
             self.paused = paused
             self.claimable = [q for q in self.queues if self.routes[q].signal.name not in paused]
             log.info("paused signals now: %s", ", ".join(sorted(paused)) or "none")
+        return True
 
     def _idle_poll_s(self, poll_s: float) -> float:
         """How long an idle lane waits unwoken: no longer than a refresh while a queue is paused, so a
