@@ -83,6 +83,17 @@ async def measure(rec, a, label: str, rep: int, make):
     return rec.add({**row, "rep": rep, "label": label, "busy_before": quiet})
 
 
+BARE_LABEL = ", no history or heartbeats"
+
+
+def with_bare_beside(c: int, rep: int) -> list[bool]:
+    """At 8 and 32 handlers the engine also runs without history and heartbeats, right beside the
+    plain run and in alternating order (ABBA over the repetitions), so drift lands on both."""
+    if c == 1:
+        return [False]
+    return [True, False] if rep % 2 else [False, True]
+
+
 # PgQueuer consumers x batch: its own benchmark's 5 x 10, and as many jobs in flight as 8 and 32 handlers
 PGQUEUER_GRID = [(5, 10), (1, 8), (4, 8)]
 
@@ -102,12 +113,11 @@ async def pg_throughput(rec, cluster, a):
     for rep in range(a.reps):   # rep-major: slow drift of the VM spreads over every contender
         print(f"-- PostgreSQL, repetition {rep + 1}/{a.reps}", flush=True)
         for c in (1, 8, 32):
-            await measure(rec, a, f"okengine pg C={c}", rep, lambda: pg_single(cluster, n, c))
+            for bare in with_bare_beside(c, rep):
+                await measure(rec, a, f"okengine pg C={c}" + BARE_LABEL * bare, rep,
+                              lambda: pg_single(cluster, n, c, bare=bare))
         await measure(rec, a, "okengine pg 4 procs x 8", rep, lambda: pg_multi(cluster, n, 4, 8))
         await measure(rec, a, "okengine pg C=8, 50 % delayed", rep, lambda: pg_single(cluster, n, 8, delayed=True))
-        for c in (8, 32):
-            await measure(rec, a, f"okengine pg C={c}, no history or heartbeats", rep,
-                          lambda: pg_single(cluster, n, c, bare=True))
         for c in (1, 8, 32):
             await measure(rec, a, f"procrastinate C={c}", rep,
                           lambda: procrastinate_peer.run(proc_dsn, n, c, cluster.data_dir))
@@ -127,12 +137,11 @@ async def sqlite_throughput(rec, a):
         for rep in range(a.reps):
             print(f"-- SQLite, repetition {rep + 1}/{a.reps} ({d})", flush=True)
             for c in (1, 8, 32):
-                await measure(rec, a, f"okengine sqlite C={c}", rep, lambda: sqlite_single(d, a.messages, c))
+                for bare in with_bare_beside(c, rep):
+                    await measure(rec, a, f"okengine sqlite C={c}" + BARE_LABEL * bare, rep,
+                                  lambda: sqlite_single(d, a.messages, c, bare=bare))
             await measure(rec, a, "okengine sqlite C=8, 50 % delayed", rep,
                           lambda: sqlite_single(d, a.messages, 8, delayed=True))
-            for c in (8, 32):
-                await measure(rec, a, f"okengine sqlite C={c}, no history or heartbeats", rep,
-                              lambda: sqlite_single(d, a.messages, c, bare=True))
             for b in (1, 8, 32):
                 await measure(rec, a, f"raw sqlite3 batch {b}", rep,
                               lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))
