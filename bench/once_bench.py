@@ -192,7 +192,7 @@ def report(a, rec, info) -> str:
 
     parts, floors = [], []
     head = (f"okengine once benchmark — {time.strftime('%Y-%m-%d %H:%M')}, {info['cores']} cores "
-            f"({info['cpu']}), Python {info['python']}, {info['postgres'].split(' on ')[0] if info['postgres'] else ''}, "
+            f"({info['cpu']}), Python {info['python']}, {info['postgres'].split(' on ')[0] + ', ' if info['postgres'] else ''}"
             f"SQLite {info['sqlite']}, asyncpg {info['asyncpg']}, procrastinate {info['procrastinate']}, PgQueuer {info['pgqueuer']}, "
             f"engine at {info['git_head']}{' + uncommitted changes' if info['git_dirty'] else ''} "
             f"(engine/ copied at start, sha256 {info['engine_sha256']})")
