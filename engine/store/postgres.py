@@ -333,10 +333,11 @@ async def _insert_rows(run: Runner, rows: Sequence[NewMessage], copy: Copier | N
     stored: set[str] = set()
     for start in range(0, len(rows), ENQUEUE_CHUNK):
         chunk = rows[start : start + ENQUEUE_CHUNK]
-        if copy is not None and len(chunk) >= COPY_FROM_ROWS and all(r.plain for r in chunk):
+        plain = all(r.plain for r in chunk)
+        if plain and copy is not None and len(chunk) >= COPY_FROM_ROWS:
             await copy(chunk)
             stored.update(r.id for r in chunk)
-        elif all(r.plain for r in chunk):
+        elif plain:
             await run(POSTGRES_INSERT, _insert_columns(chunk), False)
             stored.update(r.id for r in chunk)
         else:

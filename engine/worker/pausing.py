@@ -24,10 +24,16 @@ class Pausing(PoolState):
     async def _claimable_queues(self) -> list[str]:
         """The pool's queues whose signal is not paused (re-read when the last read is stale). The
         lanes share one read: a lane never claims with the old set while another lane reads."""
-        if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
+        asked_at = time.monotonic()
+        if asked_at - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
             async with self.paused_lock:
-                if time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S and await self._read_paused():
-                    self.paused_read_at = time.monotonic()
+                # A lane that waited for another's read takes its result, answered or not: during an
+                # outage the lanes do not each wait out a read of their own, one after the other.
+                stale = time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S
+                if stale and self.paused_tried_at < asked_at:
+                    self.paused_tried_at = time.monotonic()
+                    if await self._read_paused():
+                        self.paused_read_at = time.monotonic()
         return self.claimable
 
     async def _read_paused(self) -> bool:

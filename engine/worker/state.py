@@ -55,6 +55,7 @@ class PoolState:
         self.store_back = asyncio.Event()  # set by each successful claim: cuts a settle back-off short
         # Signals an operator paused, as last read (pausing.py), and the queues a claim may take from.
         self.paused: frozenset[str] = frozenset()
-        self.paused_read_at = float("-inf")
+        self.paused_read_at = float("-inf")  # the last read that answered
+        self.paused_tried_at = float("-inf")  # the last read begun, answered or not
         self.paused_lock = asyncio.Lock()
         self.claimable: list[str] = self.queues
