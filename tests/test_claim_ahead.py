@@ -11,6 +11,8 @@ import asyncio
 from typing import Any
 
 from engine import flow, oke, on, signal
+from engine.store.sql.claim import SIZE_STEP
+from engine.worker.claim_ahead import AHEAD_MAX
 from workers.db import fetch
 
 
@@ -115,3 +117,37 @@ async def test_a_renewal_is_refused_once_another_worker_holds_the_message(pg_url
         assert await app.store.renew_lease("B", second, 30_000)
         row = await fetch(pg_url, "SELECT locked_by, attempts, status FROM oke_messages")
     assert row == [("B", 2, "inflight")]
+
+
+async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(pg_url):
+    """With handlers far faster than a claim's round trip, a worker holds more than two batches'
+    worth of leases not yet handled (fewer, larger claims), but never more than
+    (1 + AHEAD_MAX) × concurrency: what its heartbeat records (`held`, as `okconsole workers` shows)."""
+    jobs = signal.once("ca.deep", retries=0)
+    on(jobs, flow("w.deep", do=lambda payload, fx: None))
+    held: list[int] = []
+    concurrency = 4
+
+    async def watch() -> None:
+        while True:
+            held.extend(n for (n,) in await fetch(pg_url, "SELECT held FROM oke_workers WHERE stopped_at IS NULL"))
+
+    async with oke("t", database_url=pg_url, worker_heartbeat_s=0.005) as app:
+        await app.emit_many(jobs, list(range(20_000)))
+        watcher = asyncio.create_task(watch())
+        await app.drain(concurrency=concurrency)
+        watcher.cancel()
+        rows = await fetch(pg_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
+    assert rows == [("delivered", 1, 20_000)]
+    assert max(held) <= (1 + AHEAD_MAX) * concurrency, held
+    assert max(held) > 2 * concurrency, held
+
+
+async def test_a_large_claim_is_rounded_down_to_a_prepared_size(pg_url):
+    """Claims above SIZE_STEP ask for a multiple of it (one prepared statement per step, not per size)."""
+    jobs = signal.once("ca.round", retries=0)
+    on(jobs, flow("w.round", do=lambda payload, fx: None))
+    async with oke("t", database_url=pg_url) as app:
+        await app.emit_many(jobs, list(range(40)))
+        sizes = [len(await app.store.claim(["ca.round"], "A", 30_000, limit)) for limit in (13, 7, 9)]
+    assert sizes == [SIZE_STEP, 7, SIZE_STEP]

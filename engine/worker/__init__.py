@@ -10,20 +10,22 @@ its lease.
 Where the store overlaps claims (PostgreSQL: two lanes, each its own connection),
 a worker claims ahead: besides the messages running it may hold as many more as
 its handlers are expected to finish while one claim is on the wire (at most
-`concurrency`), so a slot that frees finds its next message already here instead
+six times `concurrency`), so a slot that frees finds its next message already here instead
 of waiting a round trip. Slow handlers claim ahead by little or nothing.
 
 One module a job, read in this order:
 
 - `state.py`: what the pool's parts share (one event loop, one object);
 - `claiming.py`: a claim lane's loop, and how a drain knows it is done;
-- `claim_ahead.py`: how much a claim asks for, and a claimed-ahead message's wait for a slot;
-- `running.py`: running a handler and recording its outcome; handler turns (`turns.py`);
+- `claim_ahead.py`: how much a claim asks for, queueing a claimed batch for the slots, and the
+  lease renewals of a long wait;
+- `running.py`: running handlers in turn and recording each outcome (`turns.py`);
 - `settling.py`: the settler, and the hand-over of outcomes to a claim's transaction;
 - `pool.py`: `WorkerPool.run`, start to stop.
 """
 
-from .claim_ahead import AHEAD_LEASE_SHARE, EWMA_WEIGHT
+from .averages import EWMA_WEIGHT
+from .claim_ahead import AHEAD_LEASE_SHARE
 from .failures import failure_code, failure_message
 from .pool import WorkerPool
 from .route import Route

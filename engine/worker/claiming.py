@@ -9,7 +9,8 @@ import time
 from ..store import Claimed
 from ..store.outage import is_outage
 from ..store.wake import Waker
-from .claim_ahead import ClaimAhead, ewma
+from .averages import ewma
+from .claim_ahead import ClaimAhead
 from .pausing import Pausing
 from .settling import Settling
 from .state import log
@@ -91,18 +92,6 @@ class Claiming(ClaimAhead, Settling, Pausing):
         # a wake-up (the LISTEN connection is back, a local emit landed) cuts the back-off short
         await wait_any(self.runtime.stop, waker.event, timeout=backoff.delay)
         backoff.grow()
-
-    def _start(self, batch: list[Claimed], claimed_at: float) -> None:
-        """A task per message where claims overlap (each may wait for its slot); else one task runs
-        the batch in turn."""
-        if self.lanes > 1:
-            for claimed in batch:
-                self._track(asyncio.create_task(self._attempt(claimed, claimed_at)), 1)
-        else:
-            # One lane never claims ahead (`_ahead` is 0): every claimed message has its slot,
-            # so it runs at once, without the slot wait, the lease renewal and the handler-time
-            # average that claiming ahead needs.
-            self._track(asyncio.create_task(self._run_in_turn(batch, 0)), len(batch))
 
     async def _drained(self, waker: Waker, settles_before: int) -> bool:
         """After an empty claim in a drain: True when nothing runs, waits or changed meanwhile;

@@ -32,6 +32,8 @@ class WorkerPool(Claiming):
                 await self._finish_running()
             raise
         finally:
+            if self.renewer is not None:
+                self.renewer.cancel()  # messages still waiting keep their leases until they run out
             for waker in wakers:
                 waker.close()
             self.stopping = True

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 from ..runtime import Runtime
-from ..store import Outcome
+from ..store import Claimed, Outcome
 from .route import Route
 
 log = logging.getLogger("engine.worker")
+
+
+class Waiting:
+    """A claimed batch whose messages from `next` on wait for a handler slot; when their leases are
+    next renewed, and the ones whose lease was lost meanwhile (by seq, not to be run here)."""
+
+    __slots__ = ("batch", "lost", "next", "renew_at")
+
+    def __init__(self, batch: list[Claimed], renew_at: float) -> None:
+        self.batch, self.next, self.renew_at = batch, 0, renew_at
+        self.lost: set[int] | None = None
 
 
 class PoolState:
@@ -31,11 +43,13 @@ class PoolState:
         self.routes = routes
         self.queues = sorted(routes)
         self.concurrency = concurrency
-        # Every leased message of this worker has a task here: running its handler, or (claimed
-        # ahead) waiting for one of the `concurrency` slots.
+        # Tasks running handlers (running.py); while any message waits for a slot, all
+        # `concurrency` slots are taken by handlers in these tasks, which start it when one ends.
         self.running: set[asyncio.Task[None]] = set()
         self.held = 0  # leased messages whose handler has not ended yet (running or waiting for a slot)
-        self.slots = asyncio.Semaphore(concurrency)
+        self.active = 0  # handlers running: slots taken
+        self.waiting: deque[Waiting] = deque()  # claimed batches not all started yet, in claim order
+        self.renewer: asyncio.Task[None] | None = None  # renews the leases of long waits (claim_ahead.py)
         self.lanes = max(1, self.store.concurrent_claims)
         self.requested = 0  # rows asked for by claims in flight
         self.handler_s = 0.0  # moving averages; 0 until measured (no claiming ahead before that)
