@@ -8,11 +8,11 @@ renewal by a worker that lost the message changes nothing.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from engine import flow, oke, on, signal
-from engine.store.sql.claim import SIZE_STEP
-from engine.worker.claim_ahead import AHEAD_MAX
+from engine.worker.claim_ahead import AHEAD_MAX, CLAIM_STEP
 from workers.db import fetch
 
 
@@ -143,11 +143,20 @@ async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(pg_url):
     assert max(held) > 2 * concurrency, held
 
 
-async def test_a_large_claim_is_rounded_down_to_a_prepared_size(pg_url):
-    """Claims above SIZE_STEP ask for a multiple of it (one prepared statement per step, not per size)."""
+async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
+    """Claim sizes above CLAIM_STEP are multiples of it, so a worker claiming up to CLAIM_MAX ×
+    concurrency ahead prepares a handful of claim statements a connection, not one per size."""
     jobs = signal.once("ca.round", retries=0)
     on(jobs, flow("w.round", do=lambda payload, fx: None))
+    concurrency = 16
     async with oke("t", database_url=pg_url) as app:
-        await app.emit_many(jobs, list(range(40)))
-        sizes = [len(await app.store.claim(["ca.round"], "A", 30_000, limit)) for limit in (13, 7, 9)]
-    assert sizes == [SIZE_STEP, 7, SIZE_STEP]
+        await app.emit_many(jobs, list(range(20_000)))
+        await app.drain(concurrency=concurrency)
+        prepared: list[str] = []
+        for _ in range(app.store.pool.get_size()):  # every connection of the hot pool, each once
+            async with app.store.pool.acquire() as conn:
+                prepared += [r[0] for r in await conn.fetch("SELECT statement FROM pg_prepared_statements")]
+    limits = sorted({int(m) for m in re.findall(r"LIMIT (\d+)\s+FOR UPDATE OF m SKIP LOCKED", "\n".join(prepared))})
+    assert limits, prepared
+    assert all(n <= CLAIM_STEP or n % CLAIM_STEP == 0 for n in limits), limits
+    assert max(limits) > concurrency, limits  # it did claim ahead

@@ -26,7 +26,7 @@ from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .history import HistoryTally
-from .sql.claim import claim_order, postgres_claim_statement, statement_size
+from .sql.claim import claim_order, postgres_claim_statement
 from .sql.enqueue import (
     COPY_COLUMNS,
     COPY_FROM_ROWS,
@@ -186,7 +186,7 @@ class PostgresStore(Store):
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.pool is not None, "store is not open"
         async with _acquire(self.pool) as conn:
-            rows = await conn.fetch(claim_statement(statement_size(limit)), worker_id, lease_ms, list(queues))
+            rows = await conn.fetch(claim_statement(limit), worker_id, lease_ms, list(queues))
         return claim_order([Claimed(*row) for row in rows])
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 WORK = ""  # the topic of the workers' queues
 _TAPE = "tape\x1f"
@@ -60,13 +61,18 @@ class Waker:
         self.wal = wal
         self.event = asyncio.Event()
         self.loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
         _WAKERS.setdefault((url, topic), set()).add(self)
 
     def clear(self) -> None:
         self.event.clear()
 
     def wake(self) -> None:
-        if not self.loop.is_closed():
+        if self.loop.is_closed():
+            return
+        if threading.get_ident() == self.thread:  # on the loop's own thread: no self-pipe round trip
+            self.event.set()
+        else:
             self.loop.call_soon_threadsafe(self.event.set)
 
     async def wait(self, timeout: float) -> None:

@@ -22,6 +22,9 @@ AHEAD_LEASE_SHARE = 0.5
 # killed mid-run leaves up to (1 + AHEAD_MAX) × concurrency messages to be reclaimed after their lease.
 CLAIM_MAX = 4
 AHEAD_MAX = 6
+# Claims above this size ask for a multiple of it: PostgreSQL prepares one claim statement per size
+# (engine/store/sql/claim.py), and asyncpg keeps 100 a connection.
+CLAIM_STEP = 8
 
 
 class ClaimAhead(Running):
@@ -32,7 +35,8 @@ class ClaimAhead(Running):
         """How many messages the next claim asks for: the free slots, plus (claiming ahead) what the
         handlers should finish while the claim is on the wire, never more than CLAIM_MAX × `concurrency`."""
         held = self.held + self.requested
-        return min(CLAIM_MAX * self.concurrency, self.concurrency + self._ahead() - held)
+        size = min(CLAIM_MAX * self.concurrency, self.concurrency + self._ahead() - held)
+        return size if size <= CLAIM_STEP else size - size % CLAIM_STEP
 
     def _ahead(self) -> int:
         """Messages the handlers finish, on average, while one claim is on the wire (at most

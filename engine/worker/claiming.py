@@ -40,7 +40,10 @@ class Claiming(ClaimAhead, Settling, Pausing):
                 continue  # an outage, its back-off waited out
             batch, claimed_at = claim
             if batch:
+                if len(batch) == size:
+                    self.burst.set()  # there may be more: an idle lane claims too
                 self._start(batch, claimed_at)
+                await asyncio.sleep(0)  # the handlers start before this lane prepares its next claim
                 continue
             if until_idle:
                 if await self._drained(waker, settles_before):
@@ -113,13 +116,24 @@ class Claiming(ClaimAhead, Settling, Pausing):
 
     async def _wait_for_work(self, waker: Waker) -> None:
         """The queues are empty: wait for a wake-up (an emit, a notification), a stop, the next
-        delayed message's due time, or the poll, whichever comes first."""
+        delayed message's due time, or the poll, whichever comes first.
+
+        One idle lane waits so; the others wait for its claim to come back full (a burst), so one
+        emit to an idle worker costs one claim, not one a lane, each slowing the other."""
         self._claim_idle()
-        timeout = self._idle_poll_s(await self._until_next_due())
-        waits = [asyncio.ensure_future(waker.wait(timeout)), asyncio.ensure_future(self.runtime.stop.wait())]
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
+        if self.lane_listening:
+            await wait_any(self.burst, self.runtime.stop)
+            self.burst.clear()
+            return
+        self.lane_listening = True
+        try:
+            timeout = self._idle_poll_s(await self._until_next_due())
+            waits = [asyncio.ensure_future(waker.wait(timeout)), asyncio.ensure_future(self.runtime.stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        finally:
+            self.lane_listening = False
 
     async def _until_next_due(self) -> float:
         """Seconds to sleep when idle: until the earliest not-yet-due message is due, at most

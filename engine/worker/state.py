@@ -66,6 +66,8 @@ class PoolState:
         # and the settler leaves them; it settles them itself only when no claim is coming.
         self.claim_pending = False
         self.stopping = False
+        self.lane_listening = False  # an idle lane waits for wake-ups; the others for `burst` (claiming.py)
+        self.burst = asyncio.Event()  # a claim came back full: there may be more work than one lane takes
         self.store_back = asyncio.Event()  # set by each successful claim: cuts a settle back-off short
         # Signals an operator paused, as last read (pausing.py), and the queues a claim may take from.
         self.paused: frozenset[str] = frozenset()

@@ -73,16 +73,6 @@ RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, 
 """
 
 
-SIZE_STEP = 8  # claims above this size are rounded down to a multiple of it
-
-
-def statement_size(limit: int) -> int:
-    """The claim size a statement is prepared for: `limit` up to SIZE_STEP, a multiple of it above,
-    so a worker claiming ahead (up to 4 × concurrency) keeps a few prepared statements per
-    connection, not one per size (asyncpg caches 100 a connection)."""
-    return limit if limit <= SIZE_STEP else limit - limit % SIZE_STEP
-
-
 @functools.lru_cache(maxsize=256)
 def postgres_claim_statement(limit: int) -> str:
     """The PostgreSQL claim of up to `limit` messages: $1 worker, $2 lease ms, $3 queues."""
