@@ -1,7 +1,7 @@
 """The worker pool: claim a batch, run each flow, settle outcomes in group commits.
 
 Claim lanes keep up to `concurrency` handlers running. Finished attempts queue
-for one settler task that writes whatever has accumulated in a single
+for a settler task per lane, each writing whatever has accumulated in a single
 transaction, so under load many acks share one commit. Database outages are
 retried with back-off; nothing is settled twice and nothing is left half-written:
 a message whose outcome was never written stays inflight and is reclaimed after

@@ -1,5 +1,6 @@
-"""Settling: one settler task writes finished attempts' outcomes in group commits, and where the
-store settles inside a claim's transaction (SQLite), a claim coming soon takes them instead."""
+"""Settling: a settler task per claim lane writes finished attempts' outcomes in group commits, and
+where the store settles inside a claim's transaction (SQLite), a claim coming soon takes them
+instead."""
 
 from __future__ import annotations
 
