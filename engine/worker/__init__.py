@@ -10,7 +10,7 @@ its lease.
 Where the store overlaps claims (PostgreSQL: two lanes, each its own connection),
 a worker claims ahead: besides the messages running it may hold as many more as
 its handlers are expected to finish while one claim is on the wire (at most
-six times `concurrency`), so a slot that frees finds its next message already here instead
+six times `concurrency`, and 128), so a slot that frees finds its next message already here instead
 of waiting a round trip. Slow handlers claim ahead by little or nothing.
 
 One module a job, read in this order:

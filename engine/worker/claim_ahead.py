@@ -16,12 +16,16 @@ from .state import Waiting, log
 AHEAD_LEASE_SHARE = 0.5
 # Fast handlers finish far more than `concurrency` messages while one claim is on the wire, and each
 # round trip costs the client more CPU than the handlers of a small batch. So a claim may ask for up
-# to CLAIM_MAX × concurrency messages, and a worker may hold up to AHEAD_MAX × concurrency beyond its
-# running ones. Measured at 8 handlers on PostgreSQL: a cap of 1× and 1× gave 7,300 msgs/s at 64 µs
-# of client CPU a message, 4× and 6× gave 13,800 at 30 µs (bench/ONCE.md). The price: a worker
-# killed mid-run leaves up to (1 + AHEAD_MAX) × concurrency messages to be reclaimed after their lease.
+# to CLAIM_MAX × concurrency messages (at most CLAIM_ROWS_MAX), and a worker may hold up to
+# AHEAD_MAX × concurrency (at most AHEAD_ROWS_MAX) beyond its running ones. Measured on PostgreSQL
+# (bench/ONCE.md): at 8 handlers caps of 1× and 1× gave 7,300 msgs/s at 64 µs of client CPU a
+# message, 4× and 6× gave 13,800 at 30 µs; at 32 handlers claims of 128 made the settles so large
+# that they held the rest up (10,400), claims of 64 gave 16,000. The price: a worker killed mid-run
+# leaves its claimed-ahead messages, too, to be reclaimed after their lease.
 CLAIM_MAX = 4
+CLAIM_ROWS_MAX = 64
 AHEAD_MAX = 6
+AHEAD_ROWS_MAX = 128
 # Claims above this size ask for a multiple of it: PostgreSQL prepares one claim statement per size
 # (engine/store/sql/claim.py), and asyncpg keeps 100 a connection.
 CLAIM_STEP = 8
@@ -33,18 +37,22 @@ class ClaimAhead(Running):
 
     def _claim_size(self) -> int:
         """How many messages the next claim asks for: the free slots, plus (claiming ahead) what the
-        handlers should finish while the claim is on the wire, never more than CLAIM_MAX × `concurrency`."""
+        handlers should finish while the claim is on the wire; beyond `concurrency`, at most
+        CLAIM_MAX × `concurrency` and CLAIM_ROWS_MAX."""
         held = self.held + self.requested
-        size = min(CLAIM_MAX * self.concurrency, self.concurrency + self._ahead() - held)
+        most = max(self.concurrency, min(CLAIM_MAX * self.concurrency, CLAIM_ROWS_MAX))
+        size = min(most, self.concurrency + self._ahead() - held)
         return size if size <= CLAIM_STEP else size - size % CLAIM_STEP
 
     def _ahead(self) -> int:
         """Messages the handlers finish, on average, while one claim is on the wire (at most
-        AHEAD_MAX × `concurrency`). Rounded down: handlers slower than `concurrency` claims take none, so a
-        message never waits here behind a slow handler while another worker is free."""
+        AHEAD_MAX × `concurrency`, and AHEAD_ROWS_MAX). Rounded down: handlers slower than
+        `concurrency` claims take none, so a message never waits here behind a slow handler while
+        another worker is free."""
         if self.lanes == 1 or not self.claim_s or not self.handler_s:  # one lane: every claim has its slots
             return 0
-        return min(AHEAD_MAX * self.concurrency, int(self.concurrency * self.claim_s / self.handler_s))
+        cap = min(AHEAD_MAX * self.concurrency, AHEAD_ROWS_MAX)
+        return min(cap, int(self.concurrency * self.claim_s / self.handler_s))
 
     def _start(self, batch: list[Claimed], claimed_at: float) -> None:
         """Queue a claimed batch for the handler slots; the messages that find one start now."""
