@@ -33,6 +33,7 @@ from .sql.enqueue import (
     ENQUEUE_CHUNK,
     POSTGRES_HOLDER,
     POSTGRES_INSERT,
+    POSTGRES_INSERT_ONE,
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
 )
@@ -163,8 +164,13 @@ class PostgresStore(Store):
         assert self.pool is not None, "store is not open"
         check_keys(rows)
         async with _acquire(self.pool) as conn:
-            if len(rows) <= ENQUEUE_CHUNK and all(r.plain and r.key is None for r in rows):
-                await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))  # the common emit: one statement
+            if len(rows) == 1 and rows[0].plain and rows[0].key is None:  # the common emit: one statement
+                r = rows[0]
+                args = (r.id, r.signal, r.queue, r.flow, None, r.payload, r.retries, r.dead_letter, r.created_at)
+                await conn.execute(POSTGRES_INSERT_ONE, *args, r.parent_run_id, r.traceparent)
+                holder = None
+            elif len(rows) <= ENQUEUE_CHUNK and all(r.plain and r.key is None for r in rows):
+                await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))
                 holder = None
             else:
                 holder = await _insert_in_transaction(conn, rows)
