@@ -133,12 +133,12 @@ async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(pg_url):
             held.extend(n for (n,) in await fetch(pg_url, "SELECT held FROM oke_workers WHERE stopped_at IS NULL"))
 
     async with oke("t", database_url=pg_url, worker_heartbeat_s=0.005) as app:
-        await app.emit_many(jobs, list(range(20_000)))
+        await app.emit_many(jobs, list(range(8_000)))
         watcher = asyncio.create_task(watch())
         await app.drain(concurrency=concurrency)
         watcher.cancel()
         rows = await fetch(pg_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
-    assert rows == [("delivered", 1, 20_000)]
+    assert rows == [("delivered", 1, 8_000)]
     assert max(held) <= (1 + AHEAD_MAX) * concurrency, held
     assert max(held) > 2 * concurrency, held
 
@@ -150,7 +150,7 @@ async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
     on(jobs, flow("w.round", do=lambda payload, fx: None))
     concurrency = 16
     async with oke("t", database_url=pg_url) as app:
-        await app.emit_many(jobs, list(range(20_000)))
+        await app.emit_many(jobs, list(range(8_000)))
         await app.drain(concurrency=concurrency)
         prepared: list[str] = []
         for _ in range(app.store.pool.get_size()):  # every connection of the hot pool, each once
