@@ -340,6 +340,12 @@ def test_replay_of_messages_that_are_not_dead_names_them_and_changes_nothing(db_
     assert json.loads(cli("--db", db_url, "audit", "--json").stdout) == []
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """The child gets Ctrl-C as a user's terminal delivers it: a suite started in the background by
+    a non-interactive shell (`... &`) ignores SIGINT, and a child would inherit that and never stop."""
+    os_signal.signal(os_signal.SIGINT, os_signal.SIG_DFL)
+
+
 def test_ctrl_c_during_tail_exits_130(sqlite_url, tmp_path):
     import engine
 
@@ -352,7 +358,8 @@ def test_ctrl_c_during_tail_exits_130(sqlite_url, tmp_path):
                 await oke_app.emit(tape, {"n": n})
     asyncio.run(emit())
     proc = subprocess.Popen([*okconsole_cmd(), "--db", sqlite_url, "tail", "ticks", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=_sigint_as_in_a_terminal)
     try:
         backlog = [json.loads(proc.stdout.readline())["data"]["n"] for _ in range(3)]  # it is following now
         proc.send_signal(os_signal.SIGINT)
@@ -367,6 +374,7 @@ def test_ctrl_c_during_tail_exits_130(sqlite_url, tmp_path):
 def test_ctrl_c_while_waiting_for_a_server_exits_130(silent_server, tmp_path):
     proc = subprocess.Popen([*okconsole_cmd(), "tail", "ticks", "--url", f"http://127.0.0.1:{silent_server}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=_sigint_as_in_a_terminal,
                             env={**os.environ, "OKE_NETWORK_TIMEOUT": "60"})
     time.sleep(3)  # imported, connected and waiting
     proc.send_signal(os_signal.SIGINT)
