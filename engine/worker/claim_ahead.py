@@ -60,7 +60,13 @@ class ClaimAhead(Running):
         self.waiting.append(Waiting(batch, claimed_at + self.runtime.lease_ms / 1000 * AHEAD_LEASE_SHARE))
         if self.active < self.concurrency:
             self._track(asyncio.create_task(self._run_waiting()))
-        if self.renewer is None and self.lanes > 1:  # one lane never claims ahead: nothing waits long
+        else:
+            self._left_waiting()
+
+    def _left_waiting(self) -> None:
+        """Messages wait for a slot: renew their leases while they wait (one renewer a pool, started
+        only then, so fast handlers that leave nothing waiting cost no task a claim)."""
+        if self.renewer is None:
             self.renewer = asyncio.create_task(self._renew_waiting(), name="oke-lease-renewer")
 
     async def _renew_waiting(self) -> None:

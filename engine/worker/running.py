@@ -64,10 +64,17 @@ class Running(PoolState):
                     continue
                 if waiting and self.active < self.concurrency:
                     self._track(asyncio.create_task(self._run_waiting()))
+                elif waiting:
+                    self._left_waiting()
                 await Resumed(coro, step, context)
             finally:
                 self.active -= 1
                 self.handler_s = ewma(self.handler_s, time.monotonic() - began)
+        if waiting:  # every slot taken: the rest wait for a handler to end
+            self._left_waiting()
+
+    def _left_waiting(self) -> None:
+        """Messages are left waiting for a slot (claim_ahead.py renews their leases meanwhile)."""
 
     async def _run_handler(self, claimed: Claimed) -> None:
         """One attempt: decode, run the flow, queue the outcome for the settler. A stop cancels it
