@@ -166,8 +166,10 @@ class PostgresStore(Store):
         async with _acquire(self.pool) as conn:
             if len(rows) == 1 and rows[0].plain and rows[0].key is None:  # the common emit: one statement
                 r = rows[0]
-                args = (r.id, r.signal, r.queue, r.flow, None, r.payload, r.retries, r.dead_letter, r.created_at)
-                await conn.execute(POSTGRES_INSERT_ONE, *args, r.parent_run_id, r.traceparent)
+                await conn.execute(
+                    POSTGRES_INSERT_ONE, r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries,
+                    r.dead_letter, r.created_at, r.parent_run_id, r.traceparent,
+                )  # fmt: skip
                 holder = None
             elif len(rows) <= ENQUEUE_CHUNK and all(r.plain and r.key is None for r in rows):
                 await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))
