@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -553,3 +554,45 @@ def test_colour_follows_the_terminal_and_no_color(sqlite_url, shop, tmp_path):
     assert colour_codes(plain) == set()
     piped = run_okconsole("--db", sqlite_url, "stats", cwd=tmp_path, env={"FORCE_COLOR": ""})
     assert piped.returncode == 0 and "\x1b[" not in piped.stdout
+
+
+_ABANDONED_CONNECT = """
+import asyncio, socket, sys
+import typer
+from engine.errors import StoreUnavailable
+from okconsole.commands.common import State
+from okconsole.commands.session import run
+
+async def call(store):
+    # What a store meets when PostgreSQL goes away mid-call: a connection attempt of its own that is
+    # refused after nobody awaits it any more (bench/chaos.py's console check caught its traceback).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    abandoned = asyncio.ensure_future(asyncio.open_connection("127.0.0.1", port))
+    await asyncio.sleep(0.2)
+    assert abandoned.done()
+    del abandoned
+    raise StoreUnavailable("cannot reach PostgreSQL at 127.0.0.1:1/nope: connection was closed in the middle of operation")
+
+try:
+    run(State(db=sys.argv[1], read_only=True, actor=None), call)
+except typer.Exit as done:  # what the okconsole command does with it
+    sys.exit(done.exit_code)
+"""
+
+
+def test_a_connection_refused_after_nobody_awaits_it_prints_no_traceback(tmp_path, sqlite_url):
+    """The one-line reason stays the only line when a store's own connection attempt failed
+    unawaited: asyncio would print that task's traceback at exit."""
+    asyncio.run(_made_store(sqlite_url))
+    done = subprocess.run([sys.executable, "-c", _ABANDONED_CONNECT, sqlite_url], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "okconsole: cannot reach PostgreSQL at 127.0.0.1:1/nope: connection was closed in the middle of operation"]
+
+
+async def _made_store(url: str) -> None:
+    async with oke("t", database_url=url):
+        pass

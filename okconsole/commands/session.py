@@ -41,7 +41,18 @@ def check_sqlite_file(url: str) -> None:
         fail(1, f"no store at {path}: the SQLite file does not exist (pass --db URL or set OKE_DATABASE_URL)")
 
 
+def _quiet_lost_connections(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """A connection attempt given up on when the database went away mid-call can fail after nobody
+    awaits it any more; asyncio would print its traceback at exit, beside the one-line reason this
+    command prints. Every other unhandled error goes to asyncio's default handler."""
+    err = context.get("exception")
+    if isinstance(err, (OSError, ConnectionError)) or (isinstance(err, Exception) and _is_driver_error(err)):
+        return
+    loop.default_exception_handler(context)
+
+
 async def _with_store(url: str, fn: Callable[[ops.Store], Awaitable[T]]) -> T:
+    asyncio.get_running_loop().set_exception_handler(_quiet_lost_connections)
     store = await ops.open_store(url)
     try:
         return await fn(store)
