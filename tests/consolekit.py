@@ -17,6 +17,7 @@ import httpx
 from textual.css.query import NoMatches
 
 from engine.store import make_store
+from screenkit import screen_text
 
 SIZE = (160, 48)  # the terminal the TUI tests run the app in
 
@@ -81,7 +82,8 @@ async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
     deadline = loop.time() + timeout
     while not _holds(predicate):
         if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
+            shown = screen_text(pilot.app)
+            raise AssertionError(f"condition not reached in time; the screen ({type(pilot.app.screen).__name__}):\n{shown}")
         await pilot.pause(0.05)
 
 

@@ -69,7 +69,9 @@ async def test_show_and_messages_tables_say_when_a_waiting_message_is_due(db_url
 
 async def test_the_tui_shows_due_and_retry_times_in_the_list_and_the_detail(db_url):
     ids = await _fill(db_url)
-    app = ConsoleApp(db_url, refresh_s=30)
+    # Refreshing every half second, as the console does by default every second: one load that misses
+    # the rows on a loaded machine must not leave the screen empty for the test's whole wait.
+    app = ConsoleApp(db_url, refresh_s=0.5)
     async with app.run_test(size=(160, 40)) as pilot:
         app.open_messages("jobs")
         await wait_for(pilot, lambda: isinstance(app.screen, MessagesScreen) and ids["retry"] in screen_text(app))
