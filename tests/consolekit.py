@@ -82,8 +82,8 @@ async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
     deadline = loop.time() + timeout
     while not _holds(predicate):
         if loop.time() > deadline:
-            shown = screen_text(pilot.app)
-            raise AssertionError(f"condition not reached in time; the screen ({type(pilot.app.screen).__name__}):\n{shown}")
+            screen = type(pilot.app.screen).__name__
+            raise AssertionError(f"condition not reached in time; the screen ({screen}):\n{screen_text(pilot.app)}")
         await pilot.pause(0.05)
 
 

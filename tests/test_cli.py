@@ -582,17 +582,12 @@ except typer.Exit as done:  # what the okconsole command does with it
 """
 
 
-def test_a_connection_refused_after_nobody_awaits_it_prints_no_traceback(tmp_path, sqlite_url):
+def test_a_connection_refused_after_nobody_awaits_it_prints_no_traceback(tmp_path, sqlite_url, shop):
     """The one-line reason stays the only line when a store's own connection attempt failed
     unawaited: asyncio would print that task's traceback at exit."""
-    asyncio.run(_made_store(sqlite_url))
+    shop.drain(sqlite_url)  # a store to open
     done = subprocess.run([sys.executable, "-c", _ABANDONED_CONNECT, sqlite_url], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
         "okconsole: cannot reach PostgreSQL at 127.0.0.1:1/nope: connection was closed in the middle of operation"]
-
-
-async def _made_store(url: str) -> None:
-    async with oke("t", database_url=url):
-        pass

@@ -46,7 +46,7 @@ def _quiet_lost_connections(loop: asyncio.AbstractEventLoop, context: dict[str, 
     awaits it any more; asyncio would print its traceback at exit, beside the one-line reason this
     command prints. Every other unhandled error goes to asyncio's default handler."""
     err = context.get("exception")
-    if isinstance(err, (OSError, ConnectionError)) or (isinstance(err, Exception) and _is_driver_error(err)):
+    if isinstance(err, OSError) or (isinstance(err, BaseException) and _is_driver_error(err)):
         return
     loop.default_exception_handler(context)
 
