@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+import burstkit
 from engine import flow, oke, on, signal
 from engine.flows import Binding
 from engine.ids import now_ms
@@ -206,6 +207,29 @@ async def test_a_large_settle_fences_each_outcome(db_url):
     assert [rows[c.id] for c in rest] == [("delivered", None)] * 9
     runs = dict(await fetch(db_url, "SELECT message_id, status FROM oke_runs"))
     assert [runs[i] for i in ids] == ["lease_lost"] * 3 + ["succeeded"] * 9
+
+
+async def test_a_settle_longer_than_one_statement_fences_each_outcome_in_every_part(db_url):
+    """150 successes settled at once (PostgreSQL acks 64 a statement): the last 20, in the third
+    statement, lost their lease to another worker and are refused; the 130 before them land."""
+    jobs = signal.once("jobs")
+    on(jobs, flow("w", do=lambda p, fx: None))
+    async with oke("t", database_url=db_url) as app:
+        store = app.store
+        await burstkit.emit_many(app, jobs, [{"n": n} for n in range(150)])
+        kept = []
+        while len(kept) < 130:
+            kept += await store.claim(["jobs"], "w1", 30_000, 130 - len(kept))
+        lost = await store.claim(["jobs"], "w1", 300, 20)
+        await asyncio.sleep(0.4)
+        assert sorted(c.id for c in await store.claim(["jobs"], "w2", 30_000, 150)) == sorted(c.id for c in lost)
+        outcomes = [Outcome(c, f"run_{c.id}", "w", True, now_ms(), now_ms()) for c in kept + lost]
+        assert await store.settle("w1", outcomes) == [True] * 130 + [False] * 20
+    rows = dict((r[0], r[1:]) for r in await fetch(db_url, "SELECT id, status, locked_by FROM oke_messages"))
+    assert [rows[c.id] for c in kept] == [("delivered", None)] * 130
+    assert [rows[c.id] for c in lost] == [("inflight", "w2")] * 20
+    runs = dict(await fetch(db_url, "SELECT message_id, status FROM oke_runs"))
+    assert [runs[c.id] for c in kept + lost] == ["succeeded"] * 130 + ["lease_lost"] * 20
 
 
 async def test_same_worker_reclaiming_its_own_message_is_fenced_by_attempt(db_url):

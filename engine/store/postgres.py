@@ -38,7 +38,7 @@ from .sql.enqueue import (
     POSTGRES_KEY_LOCKS,
 )
 from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
-from .sql.settle import POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
+from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import Waker, tape_topic, wake_local, wake_tapes
 
 T = TypeVar("T")
@@ -406,7 +406,16 @@ async def _settle_on(
 
 
 async def _ack_with_runs(conn: Any, worker_id: str, oks: list[Outcome], now: int) -> list[tuple[int, int]]:
-    """Ack the successes and record their runs in one statement: the (seq, attempts) it acked."""
+    """Ack the successes and record their runs, a statement per POSTGRES_ACK_ROWS_PER_STATEMENT
+    (one transaction when more): the (seq, attempts) it acked."""
+    step = POSTGRES_ACK_ROWS_PER_STATEMENT
+    acked: list[tuple[int, int]] = []
+    for start in range(0, len(oks), step):
+        acked += await _ack_chunk(conn, worker_id, oks[start : start + step], now)
+    return acked
+
+
+async def _ack_chunk(conn: Any, worker_id: str, oks: list[Outcome], now: int) -> list[tuple[int, int]]:
     rows = await conn.fetch(
         POSTGRES_ACK_WITH_RUNS,
         [o.claimed.seq for o in oks],
@@ -473,8 +482,8 @@ def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
-    """Plain successes with no key to wake are one statement, atomic on its own."""
-    return bool(_queues_to_wake(outcomes))
+    """Plain successes with no key to wake, few enough for one statement, are atomic on their own."""
+    return len(outcomes) > POSTGRES_ACK_ROWS_PER_STATEMENT or bool(_queues_to_wake(outcomes))
 
 
 class _HotConnection(asyncpg.Connection):

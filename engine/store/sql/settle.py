@@ -81,6 +81,12 @@ def sqlite_runs_statement(rows: int) -> str:
 # -- PostgreSQL ------------------------------------------------------------------------------------
 # Successes and their runs in one statement (data-modifying CTEs commit together): a run is
 # `succeeded` when its attempt was acked, `lease_lost` when the fence refused it.
+# At most POSTGRES_ACK_ROWS_PER_STATEMENT a statement. The planner judges `status = 'inflight' AND
+# locked_by = $11` by statistics taken when nearly nothing was inflight (after a burst of emits,
+# say), so it expects one row there. With a large array it then scans the table once and compares
+# each inflight row with every array element: 20,000 rows and 1,000 outcomes took 0.8 s instead of
+# 0.07 (bench/ONCE.md). Below a few hundred rows it probes the seq index, whatever the statistics.
+POSTGRES_ACK_ROWS_PER_STATEMENT = 64
 POSTGRES_ACK_WITH_RUNS = """
 WITH d AS (
   SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[],
