@@ -121,19 +121,22 @@ async def test_a_commit_wakes_an_idle_worker_in_another_process_quickly(db_url, 
         sa = await _caller_engine(db_url)
         latencies: list[float] = []
         try:
-            for n in range(5):
+            for n in range(7):
                 await asyncio.sleep(0.2 + 0.13 * n)  # commit at different points of the worker's poll
                 async with sa.begin() as conn:
                     msg_id = await app.emit(bulk, {"n": n}, conn=conn)
-                    committing = time.monotonic()
+                committed = time.monotonic()  # after the commit's own fsync, which is not the wake-up
                 await until(lambda: _handled(procs, msg_id), f"message {n} handled", timeout=20, every=0.005)
-                latencies.append(time.monotonic() - committing)
+                latencies.append(time.monotonic() - committed)
         finally:
             await sa.dispose()
     await procs.stop()
-    # Without the wake-up a worker finds the message at its next idle poll, up to IDLE_POLL_S later:
-    # five commits all seen within a third of it would be luck once in several hundred runs.
-    assert max(latencies) < IDLE_POLL_S / 3, latencies
+    # Without the wake-up a worker finds the message at its next idle poll, up to IDLE_POLL_S later.
+    # Woken, it takes milliseconds; one commit may still meet a stall of a loaded machine (once 0.7 s
+    # in CI beside another test file), so one is let off. Seven commits, all but one within a third of
+    # the poll and the median within a tenth, would be luck about once in a thousand runs.
+    fast = sorted(latencies)
+    assert fast[-2] < IDLE_POLL_S / 3 and fast[3] < IDLE_POLL_S / 10, latencies
 
 
 async def _handled(procs, msg_id: str) -> bool:
