@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -252,17 +253,20 @@ async def test_a_hub_with_many_subscribers_paces_its_reads_and_loses_nothing(db_
         assert hub.pace_s() == PACE_MAX_S
         await asyncio.wait_for(hub.ready.wait(), 10)
         ids = []
+        began = time.monotonic()
         for n in range(40):  # one emit every 2 ms: unpaced, nearly every read would carry one event
             ids.append(await app.emit(ticks, {"n": n}))
             hubs.wake("ticks")
             await asyncio.sleep(0.002)
+        # paced, at most one read per PACE_MAX_S of emitting (a loaded machine emits more slowly)
+        most_reads = max(20, int((time.monotonic() - began) / PACE_MAX_S) + 2)
         async with asyncio.timeout(10):
             while sum(len(b) for b in list(subs[0].queue._queue)) < 40:
                 await asyncio.sleep(0.01)
         for sub in (subs[0], subs[-1]):
             batches = list(sub.queue._queue)
             assert [item.id for batch in batches for item in batch] == ids
-            assert len(batches) <= 20, f"{len(batches)} reads for 40 events 2 ms apart"
+            assert len(batches) <= most_reads, f"{len(batches)} reads for 40 events (at most {most_reads})"
         few = hubs.hub("other")
         few.subscribe()
         assert few.pace_s() < 0.0001  # a handful of streams is not held back

@@ -510,6 +510,10 @@ class _acquire:
     raise that instead: a settled batch looked unsettled (its handlers re-ran after the lease), a
     stored emit looked failed, claimed rows were dropped. The pool has already terminated such a
     connection and opens a new one on the next acquire; the body's own error, if any, is kept.
+
+    Waiting for a connection is bounded like a statement: in a partition every connection can be
+    held by a claim or settle waiting out its own timeout, and a fresh one waits out the connect
+    timeout, so an emit that queued behind them hung for both (17 s in a 16 s cut, then stored).
     """
 
     def __init__(self, pool: asyncpg.Pool) -> None:
@@ -517,7 +521,7 @@ class _acquire:
         self.conn: Any = None
 
     async def __aenter__(self) -> Any:
-        self.conn = await self.pool.acquire()
+        self.conn = await self.pool.acquire(timeout=COMMAND_TIMEOUT_S)
         return self.conn
 
     async def __aexit__(self, _type: Any, exc: BaseException | None, _tb: Any) -> None:
