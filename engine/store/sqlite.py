@@ -1,37 +1,29 @@
 """The SQLite store: WAL, one writer thread per process, whole transactions per hop.
 
-aiosqlite hands every call to its thread (about 90% of stdlib sqlite3's speed
-lost on a claim loop), so this store owns two threads instead: a writer that
-runs each claim, settle or enqueue as one `BEGIN IMMEDIATE … COMMIT` hop, and a
-reader for the console's queries. Several processes may open one file; they
-meet through SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`)
+The store owns two threads (sqlite_thread.py): a writer that runs each claim, settle or enqueue as
+one `BEGIN IMMEDIATE … COMMIT` hop, and a reader for the console's queries. Several processes may
+open one file; they meet through SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`)
 and wake each other by watching the WAL file change.
 
-Every commit is on disk before its call returns, as with `synchronous=FULL`, but
-the writer makes that fsync itself (SQLite runs at `synchronous=NORMAL`): a
-claim hands its messages to the handlers once its commit is written to the
-WAL, visible to every process and safe from a crash of this one, and the
-handlers start while the fsync runs (see `_DbThread.call_handing_over`).
+Every commit is on disk before its call returns, as with `synchronous=FULL`, but the WAL's fsync is
+the store's own (SQLite runs at `synchronous=NORMAL`): a claim hands its messages to the handlers
+once its commit is written to the WAL, visible to every process and safe from a crash of this one,
+and the handlers start while the fsync runs; concurrent writes share fsyncs (walsync.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.pool import StaticPool
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
@@ -52,15 +44,11 @@ from .sql.settle import (
     sqlite_ack_in_statement,
     sqlite_runs_statement,
 )
+from .sqlite_thread import BUSY_TIMEOUT_MS, DbThread
 from .wake import Waker, WalWatch, tape_topic, wake_local
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.sqlite")
-BUSY_TIMEOUT_MS = 30_000
-# SQLite writes each commit to the WAL without syncing it; the writer thread fsyncs the WAL after
-# every commit itself (_DbThread._sync_wal), so each commit is on disk before its call returns.
-SYNCHRONOUS = "NORMAL"
-_fdatasync = getattr(os, "fdatasync", os.fsync)  # what SQLite itself uses for a WAL sync on Linux
 
 
 def sqlite_path(url: str) -> str:
@@ -72,222 +60,6 @@ def sqlite_path(url: str) -> str:
     if database in ("", ":memory:"):
         raise ValueError("okengine needs a SQLite file (several processes share it), not :memory:")
     return database
-
-
-def _enter_wal(dbapi_conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
-    """Switch the file to WAL, retrying while another process holds it.
-
-    Switching needs an exclusive lock, and SQLite answers "database is locked" at once (without its
-    busy handler, to avoid a deadlock) when two processes open a fresh file together. So this retries
-    until the busy timeout, as any other statement would wait.
-    """
-    deadline = time.monotonic() + busy_timeout_ms / 1000
-    pause = 0.005
-    while True:
-        try:
-            mode = dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]
-            if str(mode).lower() != "wal":
-                dbapi_conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as err:
-            if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() >= deadline:
-                raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-
-
-def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Any:
-    engine = create_engine(
-        f"sqlite:///{path}",
-        poolclass=StaticPool,
-        connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000},
-    )
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-        dbapi_conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        _enter_wal(dbapi_conn, busy_timeout_ms)
-        dbapi_conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS}")
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql(begin_sql)
-
-    return engine
-
-
-class _DbThread:
-    """One thread holding one connection; every call runs whole on it.
-
-    Before each call the store file is checked to still be the one the connection opened: SQLite
-    keeps writing to an open file after its directory is removed (or the file replaced), so without
-    the check every emit would "succeed" into a file nobody can open again. A missing or replaced
-    file is an outage (StoreUnavailable); the connection is dropped and reopened once a file is back
-    at the path, never created anew (`may_create` only lets the writer create the store at open).
-
-    The writer (`syncs_wal`) fsyncs the WAL after each call: with SQLite at synchronous=NORMAL
-    that is what makes each commit durable before the call returns.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        path: str,
-        begin_sql: str,
-        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
-        may_create: bool = False,
-        syncs_wal: bool = False,
-    ) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self.closed = False
-        self.path = path
-        self.begin_sql = begin_sql
-        self.busy_timeout_ms = busy_timeout_ms
-        self.may_create = may_create
-        self.syncs_wal = syncs_wal
-        self.wal_fd: int | None = None
-        self.engine: Any = None
-        self.conn: Connection | None = None
-        self.identity: tuple[int, int] | None = None
-
-    def _file_identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
-
-    def _connect(self) -> Connection:
-        if self.conn is not None and self._file_identity() != self.identity:
-            self._close()
-            raise StoreUnavailable(f"SQLite store {self.path} was moved, removed or replaced while in use")
-        if self.conn is None:
-            if not self.may_create and self._file_identity() is None:
-                raise StoreUnavailable(f"SQLite store {self.path} is missing (moved or removed while in use)")
-            self.engine = _make_engine(self.path, self.begin_sql, self.busy_timeout_ms)
-            self.conn = self.engine.connect()
-            self.identity = self._file_identity()
-            self.may_create = False
-        return self.conn
-
-    def _sync_wal(self) -> None:
-        """fdatasync the WAL, as SQLite's synchronous=FULL does after each commit. The file stays
-        the same while this connection is open (SQLite deletes it only when its last connection
-        closes, and a checkpoint truncates it in place), so one descriptor serves every call.
-        A failed sync drops the connection: the commit may not survive a power cut, and it is
-        reported as an outage rather than trusted."""
-        if self.conn is None:
-            return
-        try:
-            if self.wal_fd is None:
-                self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
-            _fdatasync(self.wal_fd)
-        except OSError as err:
-            self._close()
-            raise StoreUnavailable(
-                f"SQLite store {self.path}: syncing the WAL to disk failed ({err}); "
-                "the last commit may not survive a power cut"
-            ) from err
-
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], written: Callable[[T], None] | None = None) -> T:
-        """One call on this thread: `fn`, then (`written`, between its commit and the sync) the sync."""
-        result = fn(self._connect(), *args)
-        if written is not None:
-            written(result)
-        if self.syncs_wal:
-            self._sync_wal()
-        return result
-
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(connection, *args)` on this thread; returns once its commit is on disk."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._run, fn, args)
-
-    async def call_handing_over(self, fn: Callable[[Connection], T], early: Callable[[T], bool]) -> T:
-        """As `call`, but when `early(result)` holds the result comes back as soon as `fn`'s commit
-        is written to the WAL, while the WAL is still being synced: a claim's handlers then start
-        during the fsync instead of after it.
-
-        The claim is written (visible to every process, kept if this process dies) before any handler
-        starts; only a power cut within the fsync could undo it, and its messages would then be
-        claimed again with the same attempt number. The next call on this thread starts after the
-        sync, so nothing that follows (an outcome, an emit of the handler) is on disk before it.
-        The writer thread posts to the loop once a call, not twice (the result, then the executor's
-        completion): a second wake-up of the loop would contend with the next call for the GIL."""
-        loop = asyncio.get_running_loop()
-        handover: _Handover[T] = _Handover(loop)
-        job = self.executor.submit(self._run_handing_over, fn, early, handover)
-        try:
-            return await handover.future
-        except asyncio.CancelledError:
-            job.cancel()  # not started yet: never runs (a started call runs on, as with `call`)
-            raise
-
-    def _run_handing_over(
-        self, fn: Callable[[Connection], T], early: Callable[[T], bool], handover: _Handover[T]
-    ) -> None:
-        """The writer-thread side of `call_handing_over`: whatever happens, the caller is told once."""
-        handed = False
-
-        def hand_over(result: T) -> None:
-            nonlocal handed
-            handed = early(result)
-            if handed:
-                handover.post(result)
-
-        try:
-            result = self._run(fn, (), hand_over)
-        except BaseException as err:
-            if not handed:
-                handover.post(err)
-                return
-            # The claim stands (its handlers run, every process sees it), but it may not survive a
-            # power cut; nobody awaits this call any more, so the log is where it is told.
-            log.error("%s", err)
-            return
-        if not handed:
-            handover.post(result)
-
-    def _close(self) -> None:
-        if self.wal_fd is not None:
-            os.close(self.wal_fd)
-            self.wal_fd = None
-        if self.conn is not None:
-            self.conn.close()
-            self.engine.dispose()
-            self.conn = None
-
-    async def close(self) -> None:
-        """Close the connection and stop the thread; a second close (say, after a failed open) is a no-op."""
-        if self.closed:
-            return
-        self.closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.executor, self._close)
-        self.executor.shutdown(wait=False)
-
-
-class _Handover(Generic[T]):
-    """A call's result (or error), posted once from the writer thread to the loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.future: asyncio.Future[T] = loop.create_future()
-
-    def post(self, outcome: T | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._take, outcome)
-        except RuntimeError:  # the loop closed meanwhile: nobody is waiting
-            pass
-
-    def _take(self, outcome: T | BaseException) -> None:
-        if self.future.done():  # the caller was cancelled
-            return
-        if isinstance(outcome, BaseException):
-            self.future.set_exception(outcome)
-        else:
-            self.future.set_result(outcome)
 
 
 def _raw(conn: Connection) -> sqlite3.Connection:
@@ -320,10 +92,10 @@ class SqliteStore(Store):
         self.url = url
         self.path = sqlite_path(url)
         self.busy_timeout_ms = busy_timeout_ms
-        self._writer = _DbThread(
+        self._writer = DbThread(
             "oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms, may_create=True, syncs_wal=True
         )
-        self._reader = _DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
+        self._reader = DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
         self.tally = HistoryTally()
 
     async def open(self) -> None:
@@ -394,7 +166,7 @@ class SqliteStore(Store):
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         sql = sqlite_claim_statement(len(queues))
-        return await self._writer.call_handing_over(
+        return await self._writer.call(
             lambda conn: _in_write_tx(conn, lambda raw: _claim_in(raw, sql, queues, worker_id, lease_ms, limit)),
             early=bool,
         )
@@ -426,7 +198,7 @@ class SqliteStore(Store):
 
         # Handed over before the sync only with messages to run: an empty claim (a drain's last)
         # returns once its settle is on disk.
-        result = await self._writer.call_handing_over(lambda conn: _in_write_tx(conn, run), early=lambda r: bool(r[1]))
+        result = await self._writer.call(lambda conn: _in_write_tx(conn, run), early=lambda r: bool(r[1]))
         if outcomes:
             self.tally.settled(outcomes, result[0], failed_to)
         if not all(o.ok for o in outcomes):
