@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.engine import Row
 
-from ..store import counts, history, schema
+from ..store import history, schema
 from ..store.base import lease_clock_ms
 from ..store.sql.notify import notify_queues
 from . import queries
@@ -62,16 +62,12 @@ def end_dead(conn: Connection, where: list[Any], *, code: str, note: str, now: i
     {code, note, attempt}; their ids in seq order. The caller's `where` must say which are ready."""
     rows: list[Row[Any]] = []
     for chunk_where in where:
-        for was in ("pending", "inflight"):  # the store counts a move out of inflight apart
-            ended = conn.execute(
-                update(m)
-                .where(chunk_where, m.c.status == was)
-                .values(status="dead", finished_at=now, updated_at=now, locked_by=None, lease_expires_at=None)
-                .returning(m.c.seq, m.c.id, m.c.attempts, m.c.signal)
-            ).all()
-            if was == "inflight":
-                counts.moved_from_inflight(conn, "dead", (r.signal for r in ended))
-            rows += ended
+        rows += conn.execute(
+            update(m)
+            .where(chunk_where)
+            .values(status="dead", finished_at=now, updated_at=now, locked_by=None, lease_expires_at=None)
+            .returning(m.c.seq, m.c.id, m.c.attempts, m.c.signal)
+        ).all()
     if not rows:
         return []
     for signal, dead in Counter(r.signal for r in rows).items():

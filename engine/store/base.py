@@ -148,7 +148,6 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: counts.install,  # 1 -> 2: message counters kept by triggers
     2: migrations.add_binding_activity,  # 2 -> 3: binding activity (binding_ttl, unbind), JSON Schemas
     3: migrations.add_message_timing,  # 3 -> 4: run_at, priority, dedupe (time and order options)
-    4: counts.reinstall,  # 4 -> 5: SQLite's claims and settles count their own moves in and out of inflight
 }
 
 

@@ -4,26 +4,16 @@ Counting a million rows per status on every console refresh costs seconds; these
 overview O(signals). Triggers keep them, so every writer (claim, settle, replay, purge, an operator's
 SQL, an older process) is counted alike and nothing in the engine can forget to.
 
-SQLite has one writer at a time, so row triggers update `oke_counts` directly, with one exception:
-a row moving into or out of `inflight` is counted by the statement that moves it, once a statement
-(`add_sqlite`, `moved_from_inflight`). Only the claim, the settle and an operator's cancel or unbind
-of an expired lease make those moves, and claims and settles are most of the writes: a row trigger
-costs two statements a row (measured: about 12 % of SQLite's once throughput at 32 handlers).
-
-PostgreSQL has many concurrent writers: updating one counter row per status would serialise every
-claim and settle on that row's lock, so statement triggers append deltas to `oke_count_deltas`
-(insert-only, no contention) and `compact` folds them into `oke_counts` now and then, under an
-advisory lock. A count is always `oke_counts.n` plus its pending deltas, read in one statement, so
-it is exact at any moment.
+SQLite has one writer at a time, so row triggers update `oke_counts` directly. PostgreSQL has many
+concurrent writers: updating one counter row per status would serialise every claim and settle on that
+row's lock, so statement triggers append deltas to `oke_count_deltas` (insert-only, no contention) and
+`compact` folds them into `oke_counts` now and then, under an advisory lock. A count is always
+`oke_counts.n` plus its pending deltas, read in one statement, so it is exact at any moment.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections import Counter
-from collections.abc import Iterable
-
-from sqlalchemy import Connection, func, select, text, union_all
+from sqlalchemy import Connection, func, select, union_all
 
 from . import schema
 
@@ -35,8 +25,7 @@ _SQLITE_TRIGGERS = (
            ON CONFLICT (signal, status) DO UPDATE SET n = n + 1;
        END""",
     """CREATE TRIGGER IF NOT EXISTS oke_count_update AFTER UPDATE OF status, signal ON oke_messages
-       WHEN (old.status IS NOT new.status OR old.signal IS NOT new.signal)
-        AND old.status IS NOT 'inflight' AND new.status IS NOT 'inflight' BEGIN
+       WHEN old.status IS NOT new.status OR old.signal IS NOT new.signal BEGIN
          UPDATE oke_counts SET n = n - 1 WHERE signal = old.signal AND status = old.status;
          INSERT INTO oke_counts (signal, status, n) VALUES (new.signal, new.status, 1)
            ON CONFLICT (signal, status) DO UPDATE SET n = n + 1;
@@ -100,46 +89,6 @@ SELECT n_mod_since_analyze > 1000 + n_live_tup / 2 FROM pg_stat_user_tables
 """
 
 ANALYZE_SQL = "ANALYZE oke_messages"
-
-
-# Add n (may be negative) to a SQLite counter: (signal, status, n), or named for SQLAlchemy.
-_ADD = (
-    "INSERT INTO oke_counts (signal, status, n) VALUES ({}) "
-    "ON CONFLICT (signal, status) DO UPDATE SET n = n + excluded.n"
-)
-SQLITE_ADD = _ADD.format("?, ?, ?")
-_SQLITE_ADD_NAMED = text(_ADD.format(":signal, :status, :n"))
-Deltas = Counter[tuple[str, str]]
-
-
-def add_sqlite(raw: sqlite3.Connection, deltas: Deltas) -> None:
-    """Add the moves a SQLite claim or settle made into or out of `inflight` (the trigger leaves
-    them out), in the statement's transaction."""
-    changed = [(signal, status, n) for (signal, status), n in deltas.items() if n]
-    if changed:
-        raw.executemany(SQLITE_ADD, changed)
-
-
-def moved_from_inflight(conn: Connection, to_status: str, signals: Iterable[str]) -> None:
-    """Count rows an operator's statement moved out of `inflight` (one signal per row) into
-    `to_status`: on SQLite the trigger leaves that move to the statement that makes it; on
-    PostgreSQL the trigger counts it already."""
-    if conn.dialect.name != "sqlite":
-        return
-    deltas: Deltas = Counter()
-    for signal in signals:
-        deltas[(signal, "inflight")] -= 1
-        deltas[(signal, to_status)] += 1
-    if deltas:
-        conn.execute(_SQLITE_ADD_NAMED, [{"signal": sig, "status": st, "n": n} for (sig, st), n in deltas.items()])
-
-
-def reinstall(conn: Connection) -> None:
-    """Schema 4 -> 5: SQLite's update trigger leaves moves into and out of `inflight` to the
-    statements that make them; every count is taken anew (PostgreSQL's triggers are unchanged)."""
-    if conn.dialect.name == "sqlite":
-        conn.exec_driver_sql("DROP TRIGGER IF EXISTS oke_count_update")
-    install(conn)
 
 
 def install(conn: Connection) -> None:

@@ -16,9 +16,7 @@ from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, St
 #    (OpenTelemetry context), the ready index ordered by priority, the dedupe and scheduled indexes;
 #    paused signals; new tables (create_all adds them): the workers' heartbeats (oke_workers) and
 #    per signal and minute history (oke_history, store/history.py)
-# 5: SQLite's count trigger leaves moves into and out of inflight to the claim, the settle and the
-#    operator's cancel / unbind of an expired lease, which count them themselves (store/counts.py)
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 4
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,12 +27,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import StoreUnavailable
 from ..ids import now_ms
-from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .history import HistoryTally
 from .outage import READ_ONLY, disk_condition, read_only_dir
-from .sql.claim import claim_order, sqlite_claim_statement, sqlite_take_statement
+from .sql.claim import claim_order, sqlite_claim_statement
 from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
 from .sql.settle import (
     ACK_BATCH_FROM,
@@ -253,29 +251,11 @@ def _insert_timed(raw: sqlite3.Connection, rows: Sequence[NewMessage]) -> str | 
 def _claim_in(
     raw: sqlite3.Connection, sql: str, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int
 ) -> list[Claimed]:
-    """Pick up to `limit` claimable rows, claim them, and count the ones that were pending as moved
-    into inflight (a row reclaimed after its lease ran out was inflight already)."""
     now = now_ms()
-    params: dict[str, Any] = {"now": now, "limit": limit}
+    params: dict[str, Any] = {"worker": worker_id, "lease_until": now + lease_ms, "now": now, "limit": limit}
     params.update({f"q{i}": q for i, q in enumerate(queues)})
-    picked = raw.execute(sql, params).fetchall()
-    if not picked:
-        return []
-    rows = raw.execute(sqlite_take_statement(len(picked)), (worker_id, now + lease_ms, now, *(p[0] for p in picked)))
-    claimed = [Claimed(*row) for row in rows.fetchall()]
-    reclaimed = {seq for seq, status in picked if status != "pending"}
-    moved = Counter(c.signal for c in claimed if c.seq not in reclaimed)
-    counts.add_sqlite(raw, _moves(moved, "pending", "inflight"))
-    return claim_order(claimed)
-
-
-def _moves(by_signal: Counter[str], from_status: str, to_status: str) -> counts.Deltas:
-    """Count deltas for `by_signal[s]` rows of each signal moved from one status to another."""
-    deltas: counts.Deltas = Counter()
-    for signal, n in by_signal.items():
-        deltas[(signal, from_status)] -= n
-        deltas[(signal, to_status)] += n
-    return deltas
+    rows = raw.execute(sql, params).fetchall()
+    return claim_order([Claimed(*row) for row in rows])
 
 
 def _ack_all_held(raw: sqlite3.Connection, worker_id: str, oks: list[tuple[int, int]], now: int) -> bool:
@@ -319,22 +299,7 @@ def _settle_in(
         _settle_one(raw, worker_id, out, now, held, failed_to)
     still = [(o.claimed.seq, o.claimed.attempts) in held for o in outcomes]
     _record_runs(raw, worker_id, outcomes, still)
-    counts.add_sqlite(raw, _settled_moves(outcomes, still, failed_to))
     return still
-
-
-def _settled_moves(
-    outcomes: Sequence[Outcome], still: list[bool], failed_to: dict[tuple[int, int], str]
-) -> counts.Deltas:
-    """Each held outcome moved its message out of inflight: to delivered, or where its failure left it."""
-    acked = Counter(o.claimed.signal for o, held in zip(outcomes, still, strict=True) if held and o.ok)
-    deltas = _moves(acked, "inflight", "delivered")
-    for o, held in zip(outcomes, still, strict=True):
-        if held and not o.ok:
-            c = o.claimed
-            deltas[(c.signal, "inflight")] -= 1
-            deltas[(c.signal, failed_to[(c.seq, c.attempts)])] += 1
-    return deltas
 
 
 def _ack_batch(

@@ -16,43 +16,30 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# -- SQLite: what to claim, then the claim. Two statements in one write transaction (one writer: no
-# row changes between them), so the claim knows which rows were pending and which were inflight
-# past their lease: it counts its moves into inflight itself (store/counts.py).
-# `:now`, `:limit`, and one `:qN` per queue ({queues}).
-SQLITE_CLAIMABLE = """
-SELECT m.seq, m.status FROM oke_messages AS m
- WHERE m.status IN ('pending', 'inflight')
-   AND (m.status = 'pending' AND (m.run_at IS NULL OR m.run_at <= :now) OR m.lease_expires_at < :now)
-   AND m.queue IN ({queues})
-   AND (m.key IS NULL OR NOT EXISTS (
-         SELECT 1 FROM oke_messages AS o
-          WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
-            AND o.queue = m.queue AND o.key = m.key
-            AND (o.seq < m.seq
-                 OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
- ORDER BY m.priority DESC, m.seq LIMIT :limit
-"""
-
-# The claim of the rows SQLITE_CLAIMABLE picked: worker, lease until, now, then their seqs.
-SQLITE_TAKE = """
-UPDATE oke_messages SET status = 'inflight', locked_by = ?, attempts = attempts + 1,
-       lease_expires_at = ?, updated_at = ?
- WHERE seq IN ({seqs})
+# -- SQLite: `:worker`, `:lease_until`, `:now`, `:limit`, and one `:qN` per queue ({queues}).
+SQLITE_CLAIM = """
+UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = attempts + 1,
+       lease_expires_at = :lease_until, updated_at = :now
+ WHERE seq IN (
+   SELECT m.seq FROM oke_messages AS m
+    WHERE m.status IN ('pending', 'inflight')
+      AND (m.status = 'pending' AND (m.run_at IS NULL OR m.run_at <= :now) OR m.lease_expires_at < :now)
+      AND m.queue IN ({queues})
+      AND (m.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM oke_messages AS o
+             WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
+               AND o.queue = m.queue AND o.key = m.key
+               AND (o.seq < m.seq
+                    OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
+    ORDER BY m.priority DESC, m.seq LIMIT :limit)
 RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent, priority
 """
 
 
 @functools.lru_cache(maxsize=256)
 def sqlite_claim_statement(queues: int) -> str:
-    """What the SQLite claim takes from `queues` queues, named :q0 … :q{n-1}."""
-    return SQLITE_CLAIMABLE.format(queues=", ".join(f":q{i}" for i in range(queues)))
-
-
-@functools.lru_cache(maxsize=256)
-def sqlite_take_statement(rows: int) -> str:
-    """The SQLite claim of `rows` picked messages."""
-    return SQLITE_TAKE.format(seqs=", ".join(["?"] * rows))
+    """The SQLite claim over `queues` queues, named :q0 … :q{n-1}."""
+    return SQLITE_CLAIM.format(queues=", ".join(f":q{i}" for i in range(queues)))
 
 
 # Leases are judged by the database's clock, not the claimer's: processes on many machines share
