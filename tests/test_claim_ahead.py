@@ -1,5 +1,6 @@
-"""Claiming ahead (engine/worker.py): on PostgreSQL a worker with fast handlers holds more leases
-than it has handler slots, so a freed slot finds its next message already claimed. What must hold:
+"""Claiming ahead (engine/worker/claim_ahead.py): a worker with fast handlers holds more leases than
+it has handler slots, so a freed slot finds its next message already claimed (PostgreSQL) or a claim
+carries more messages for its transaction (SQLite). What must hold:
 never more handlers at once than `concurrency`; slow handlers claim nothing ahead (another worker
 gets the waiting messages); a claimed-ahead message has its lease renewed every half lease it waits
 for a slot, so it starts with more than half its lease left and is never reclaimed unstarted; a
@@ -9,11 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 from engine import flow, oke, on, signal
 from engine.worker.claim_ahead import AHEAD_MAX, CLAIM_STEP
-from workers.db import fetch
+from workers.db import fetch, is_sqlite, scalar
+
+
+async def lease_clock_ms(url: str) -> int:
+    """Now by the clock the store judges leases by: PostgreSQL's own, this machine's on SQLite."""
+    if is_sqlite(url):
+        return int(time.time() * 1000)
+    return int(await scalar(url, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"))
 
 
 async def test_fast_handlers_never_run_more_than_concurrency_at_once(db_url):
@@ -38,7 +47,7 @@ async def test_fast_handlers_never_run_more_than_concurrency_at_once(db_url):
     assert 1 <= peak <= 4
 
 
-async def test_slow_handlers_leave_waiting_messages_to_another_worker(pg_url):
+async def test_slow_handlers_leave_waiting_messages_to_another_worker(db_url):
     """Worker A (2 slots, handlers of 0.6 s) must not hold the 3rd and 4th message while it works:
     worker B, started a little later, takes them and finishes while A's first two still run."""
     jobs = signal.once("ca.slow", retries=0)
@@ -50,8 +59,8 @@ async def test_slow_handlers_leave_waiting_messages_to_another_worker(pg_url):
         started.add(payload)
         await asyncio.sleep(0.6)
 
-    async with oke("a", database_url=pg_url, worker_id="A") as a, \
-            oke("b", database_url=pg_url, worker_id="B") as b:
+    async with oke("a", database_url=db_url, worker_id="A") as a, \
+            oke("b", database_url=db_url, worker_id="B") as b:
         for n in range(2):  # warm-up: A measures its handlers and its claims first
             await a.emit(jobs, 100 + n)
         await a.drain(concurrency=2)
@@ -64,13 +73,13 @@ async def test_slow_handlers_leave_waiting_messages_to_another_worker(pg_url):
         await asyncio.sleep(0.1)
         await b.drain(concurrency=2)
         await run_a
-        runs = await fetch(pg_url, "SELECT r.worker_id, r.status, r.attempt FROM oke_runs AS r "
+        runs = await fetch(db_url, "SELECT r.worker_id, r.status, r.attempt FROM oke_runs AS r "
                                    "JOIN oke_messages AS m ON m.id = r.message_id "
                                    "WHERE m.payload IN ('0', '1', '2', '3') ORDER BY r.worker_id")
     assert runs == [("A", "succeeded", 1)] * 2 + [("B", "succeeded", 1)] * 2
 
 
-async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on_a_renewed_lease(pg_url):
+async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on_a_renewed_lease(db_url):
     """One slot, fast handlers (so the worker claims one ahead), then a handler that takes 85 % of
     the lease while the next message waits claimed: that message's lease is renewed while it waits
     (at half a lease), so its handler starts with more than half a lease left (not 15 %), and it
@@ -87,28 +96,27 @@ async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on
         if payload == "slow":
             await asyncio.sleep(lease_ms / 1000 * 0.85)
         if payload == "victim":
-            lease_left_ms.extend(r[0] for r in await fetch(
-                pg_url, "SELECT lease_expires_at - (extract(epoch FROM clock_timestamp()) * 1000)::bigint "
-                        "FROM oke_messages WHERE id = $1", fx.message_id))
+            [(until,)] = await fetch(db_url, "SELECT lease_expires_at FROM oke_messages WHERE id = $1", fx.message_id)
+            lease_left_ms.append(until - await lease_clock_ms(db_url))
 
-    async with oke("t", database_url=pg_url, lease_ms=lease_ms) as app:
+    async with oke("t", database_url=db_url, lease_ms=lease_ms) as app:
         for n in range(30):
             await app.emit(jobs, f"fast-{n}")
         await app.emit(jobs, "slow")
         victim = await app.emit(jobs, "victim")
         await app.drain(concurrency=1)
-        row = await fetch(pg_url, "SELECT status, attempts FROM oke_messages WHERE id = $1", victim)
+        row = await fetch(db_url, "SELECT status, attempts FROM oke_messages WHERE id = $1", victim)
     assert row == [("delivered", 1)]
     assert [c for c in calls if c[0] == "victim"] == [("victim", 1)]
     assert len(lease_left_ms) == 1 and lease_left_ms[0] > lease_ms * 0.5, lease_left_ms
 
 
-async def test_a_renewal_is_refused_once_another_worker_holds_the_message(pg_url):
+async def test_a_renewal_is_refused_once_another_worker_holds_the_message(db_url):
     """The renewal is fenced like a settle: after another worker reclaimed the message (attempt 2),
     the first holder's renewal of attempt 1 changes nothing."""
     jobs = signal.once("ca.fence", retries=3)
     on(jobs, flow("w.fence", do=lambda payload, fx: None))
-    async with oke("t", database_url=pg_url, lease_ms=50) as app:
+    async with oke("t", database_url=db_url, lease_ms=50) as app:
         await app.emit(jobs, 1)
         [first] = await app.store.claim(["ca.fence"], "A", 50, 1)
         await asyncio.sleep(0.1)
@@ -116,11 +124,11 @@ async def test_a_renewal_is_refused_once_another_worker_holds_the_message(pg_url
         assert (first.seq, first.attempts, second.attempts) == (second.seq, 1, 2)
         assert not await app.store.renew_lease("A", first, 30_000)
         assert await app.store.renew_lease("B", second, 30_000)
-        row = await fetch(pg_url, "SELECT locked_by, attempts, status FROM oke_messages")
+        row = await fetch(db_url, "SELECT locked_by, attempts, status FROM oke_messages")
     assert row == [("B", 2, "inflight")]
 
 
-async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(pg_url):
+async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(db_url):
     """With handlers far faster than a claim's round trip, a worker holds more than two batches'
     worth of leases not yet handled (fewer, larger claims), but never more than
     (1 + AHEAD_MAX) × concurrency: what its heartbeat records (`held`, as `okconsole workers` shows)."""
@@ -131,14 +139,15 @@ async def test_fast_handlers_claim_several_batches_ahead_within_the_cap(pg_url):
 
     async def watch() -> None:
         while True:
-            held.extend(n for (n,) in await fetch(pg_url, "SELECT held FROM oke_workers WHERE stopped_at IS NULL"))
+            held.extend(n for (n,) in await fetch(db_url, "SELECT held FROM oke_workers WHERE stopped_at IS NULL"))
+            await asyncio.sleep(0.002)  # SQLite's fetch never yields to the loop by itself
 
-    async with oke("t", database_url=pg_url, worker_heartbeat_s=0.005) as app:
+    async with oke("t", database_url=db_url, worker_heartbeat_s=0.005) as app:
         await app.emit_many(jobs, list(range(8_000)))
         watcher = asyncio.create_task(watch())
         await app.drain(concurrency=concurrency)
         watcher.cancel()
-        rows = await fetch(pg_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
+        rows = await fetch(db_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
     assert rows == [("delivered", 1, 8_000)]
     assert max(held) <= (1 + AHEAD_MAX) * concurrency, held
     assert max(held) > 2 * concurrency, held

@@ -7,11 +7,12 @@ retried with back-off; nothing is settled twice and nothing is left half-written
 a message whose outcome was never written stays inflight and is reclaimed after
 its lease.
 
-Where the store overlaps claims (PostgreSQL: two lanes, each its own connection),
-a worker claims ahead: besides the messages running it may hold as many more as
-its handlers are expected to finish while one claim is on the wire (at most
-six times `concurrency`, and 128), so a slot that frees finds its next message already here instead
-of waiting a round trip. Slow handlers claim ahead by little or nothing.
+A worker claims ahead: besides the messages running it may hold as many more as its handlers are
+expected to finish while one claim is on the wire (at most six times `concurrency`, and 128), in
+claims of up to four times `concurrency` (and 64). On PostgreSQL (two lanes, each its own
+connection) a slot that frees then finds its next message already here instead of waiting a round
+trip; on SQLite (one lane: its claims queue on one writer anyway) a claim cycle carries more
+messages for its transaction and its fsync. Slow handlers claim ahead by little or nothing.
 
 One module a job, read in this order:
 
