@@ -132,6 +132,7 @@ async def pg_throughput(rec, cluster, a):
 async def sqlite_throughput(rec, a):
     from engine_runs import sqlite_single
     from peers import raw_sqlite
+    from report import CONCS, sqlite_claim_batch
 
     with tempfile.TemporaryDirectory(prefix="oke-bench-sqlite-", dir=None) as d:
         for rep in range(a.reps):
@@ -142,7 +143,7 @@ async def sqlite_throughput(rec, a):
                                   lambda: sqlite_single(d, a.messages, c, bare=bare))
             await measure(rec, a, "okengine sqlite C=8, 50 % delayed", rep,
                           lambda: sqlite_single(d, a.messages, 8, delayed=True))
-            for b in (1, 8, 32):
+            for b in sorted({*CONCS, *(sqlite_claim_batch(c) for c in CONCS)}):
                 await measure(rec, a, f"raw sqlite3 batch {b}", rep,
                               lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))
                 await measure(rec, a, f"raw sqlite3 batch {b}, NORMAL + fdatasync", rep,

@@ -129,22 +129,39 @@ def pg_section(rec, n, reps):
     return out, floors
 
 
+def sqlite_claim_batch(c: int) -> int:
+    """The most a SQLite claim of C handlers asks for with fast handlers (engine/worker/claim_ahead.py:
+    up to 4 × C, at most 64): the raw loop is also run at that batch, beside the issue's batch C."""
+    return min(4 * c, 64)
+
+
+def _faster_raw(rec, batch):
+    """The raw loop's median at `batch`, the faster of FULL and NORMAL + fdatasync (None if not run)."""
+    runs = (rec.select(bench="sqlite_raw", batch=batch, synchronous="FULL"),
+            rec.select(bench="sqlite_raw", batch=batch, own_sync=True))
+    return max((med(rows) for rows in runs if rows), default=None)
+
+
 def sqlite_section(rec, n, reps):
     eng = {c: rec.select(bench="sqlite_engine", concurrency=c) for c in CONCS}
     raw = {c: rec.select(bench="sqlite_raw", batch=c, synchronous="FULL") for c in CONCS}
     # The engine runs SQLite at NORMAL and fdatasyncs the WAL after each commit itself: the raw loop
     # is run both ways (FULL, and NORMAL + the same fdatasync), and the floor takes the faster.
     own = {c: rec.select(bench="sqlite_raw", batch=c, own_sync=True) for c in CONCS}
-    ceiling = {c: max((med(rows) for rows in (raw[c], own[c]) if rows), default=None) for c in CONCS}
+    ceiling = {c: _faster_raw(rec, c) for c in CONCS}
+    at_claim = {c: _faster_raw(rec, sqlite_claim_batch(c)) for c in CONCS}
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
     delayed = rec.select(bench="sqlite_engine_delayed", concurrency=8)
     bare = {c: rec.select(bench="sqlite_engine_bare", concurrency=c) for c in CONCS}
-    L = [["okengine: C handlers (claims ≤ C)", *[cell(eng[c]) for c in CONCS]],
+    L = [["okengine: C handlers (claims ≤ 4C, 64)", *[cell(eng[c]) for c in CONCS]],
          ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
          ["okengine: no history or worker heartbeats", "—", *[cell(bare[c]) for c in CONCS[1:]]],
          ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
          ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
          ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],
+         ["raw sqlite3 at the engine's largest claim (4C, ≤ 64), faster",
+          *[f"{at_claim[c]:.0f} (batch {sqlite_claim_batch(c)})" if at_claim[c] else "—" for c in CONCS]],
+         ["ours / faster raw at that batch", *[ratio(med(eng[c]), at_claim[c]) for c in CONCS]],
          ["okengine mean claim | settle batch",
           *[f"{cell(eng[c], 'mean_claim_batch', '{:.1f}')} | {cell(eng[c], 'mean_settle_batch', '{:.1f}')}"
             for c in CONCS]],
