@@ -83,8 +83,25 @@ async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
     while not _holds(predicate):
         if loop.time() > deadline:
             screen = type(pilot.app.screen).__name__
-            raise AssertionError(f"condition not reached in time; the screen ({screen}):\n{screen_text(pilot.app)}")
+            raise AssertionError(f"condition not reached in time; the screen ({screen}):\n{screen_text(pilot.app)}"
+                                 f"\n{_tables_state(pilot.app)}")
         await pilot.pause(0.05)
+
+
+def _tables_state(app: Any) -> str:
+    """What each DataTable on screen still owes: DataTable measures new rows (column widths) only on
+    an Idle event of its own, so a table whose columns stay at their headers' widths shows here
+    whether its message pump runs, what waits in its queue and what it has not measured yet."""
+    from textual.widgets import DataTable
+
+    lines = []
+    for table in app.screen.query(DataTable):
+        lines.append(
+            f"DataTable#{table.id}: running={table.is_running} queued={table._message_queue.qsize()} "
+            f"dimensions_due={table._require_update_dimensions} unmeasured_rows={len(table._new_rows)} "
+            f"widths={[c.content_width for c in table.ordered_columns]}"
+        )
+    return "\n".join(lines)
 
 
 def _holds(predicate) -> bool:
