@@ -170,3 +170,42 @@ async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
     assert limits, prepared
     assert all(n <= CLAIM_STEP or n % CLAIM_STEP == 0 for n in limits), limits
     assert max(limits) > concurrency, limits  # it did claim ahead
+
+
+async def test_an_outcome_is_settled_while_every_slot_is_taken_and_messages_wait_claimed_ahead(db_url):
+    """Two slots, messages claimed ahead waiting, then both slots taken by handlers that wait: the
+    worker cannot claim (it holds enough), so nothing carries the outcome of a handler that ended
+    just before. It is settled anyway, at once, not left to run out its lease (SQLite used to keep
+    it for the next claim, so another worker ran the message again: the once concurrency test
+    caught it)."""
+    lease_ms = 1000
+    jobs = signal.once("ca.starved", retries=3)
+    release = {name: asyncio.Event() for name in ("A", "B", "C")}
+    ended: dict[str, float] = {}
+
+    @on(jobs)
+    @flow("w.starved")
+    async def handle(payload: Any, fx: Any) -> None:
+        if payload in release:
+            await release[payload].wait()
+            ended[payload] = time.monotonic()
+
+    async with oke("t", database_url=db_url, lease_ms=lease_ms) as app:
+        for n in range(40):  # fast handlers: the worker learns to claim ahead
+            await app.emit(jobs, n)
+        a = await app.emit(jobs, "A")
+        for name in ("B", "C"):
+            await app.emit(jobs, name)
+        for n in range(40, 80):
+            await app.emit(jobs, n)
+        running = asyncio.create_task(app.drain(concurrency=2))
+        await asyncio.sleep(0.3)  # A and B hold the slots; C and fast ones wait, claimed ahead
+        release["A"].set()  # A ends after 0.3 s (claiming ahead stops: handlers got slow) and C takes its slot
+        await asyncio.sleep(0.5)
+        status = await scalar(db_url, "SELECT status FROM oke_messages WHERE id = $1", a)
+        release["B"].set()
+        release["C"].set()
+        await asyncio.wait_for(running, 30)
+        rows = await fetch(db_url, "SELECT attempts, count(*) FROM oke_messages GROUP BY 1")
+    assert status == "delivered", "A's outcome waited for a claim that could not come"
+    assert rows == [(1, 83)]  # and nothing ran twice

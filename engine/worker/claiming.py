@@ -30,6 +30,9 @@ class Claiming(ClaimAhead, Settling, Pausing):
             queues = await self._claimable_queues()
             size = self._claim_size()
             if size <= 0:
+                # No claim until a slot frees (the slots and the claimed-ahead messages are all
+                # taken): outcomes must not wait for one, they go to the settler meanwhile.
+                self._claim_idle()
                 self.slot_free.clear()
                 await wait_any(self.slot_free, stop)
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
