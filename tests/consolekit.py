@@ -91,7 +91,9 @@ async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
 def _tables_state(app: Any) -> str:
     """What each DataTable on screen still owes: DataTable measures new rows (column widths) only on
     an Idle event of its own, so a table whose columns stay at their headers' widths shows here
-    whether its message pump runs, what waits in its queue and what it has not measured yet."""
+    whether its message pump runs, what waits in its queue and what it has not measured yet. (It
+    showed widths measured while the screen kept its header widths: Textual issue 4470, which
+    okconsole.widgets.tui_tables.Table works around.)"""
     from textual.widgets import DataTable
 
     lines = []

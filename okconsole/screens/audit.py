@@ -11,7 +11,7 @@ from textual.widgets import DataTable
 from engine import ops
 
 from .. import fmt
-from ..widgets.tui_tables import sync_rows
+from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 
 COLUMNS = ("at", "actor", "action", "signal", "count", "ids", "reason")
@@ -33,7 +33,7 @@ class AuditScreen(ConsoleScreen):
         self.ids: dict[str, list[str]] = {}  # row key -> the entry's message ids
 
     def body(self) -> ComposeResult:
-        table: DataTable[Any] = DataTable(id="audit", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = Table(id="audit", cursor_type="row", zebra_stripes=True)
         for key in COLUMNS:
             table.add_column(key.capitalize(), key=key)
         yield table

@@ -12,7 +12,7 @@ from engine import ops
 
 from .. import fmt
 from ..styles import DEAD_STYLE, styled
-from ..widgets.tui_tables import sync_rows
+from ..widgets.tui_tables import Table, sync_rows
 from .base import text_filter
 from .controls import MessageControls
 from .modals import ConfirmScreen, EditPayloadScreen
@@ -51,7 +51,7 @@ class DeadLettersScreen(MessageControls):
         yield Static(
             "Failures by code and message (enter filters by a group · g folds)", classes="pane-title", id="groups-title"
         )
-        groups: DataTable[Any] = DataTable(id="groups", cursor_type="row")
+        groups: DataTable[Any] = Table(id="groups", cursor_type="row")
         for key in ("count", "code", "message", "last"):
             groups.add_column(key.capitalize(), key=key)
         yield groups
@@ -61,7 +61,7 @@ class DeadLettersScreen(MessageControls):
             else "Dead letters (space tags, R replays tagged, A all matching, e edits, P purges)",
             classes="pane-title",
         )
-        table: DataTable[Any] = DataTable(id="letters", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = Table(id="letters", cursor_type="row", zebra_stripes=True)
         for key, label in (
             ("tag", " "),
             ("id", "Id"),

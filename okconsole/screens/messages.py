@@ -16,7 +16,7 @@ from engine import ops
 
 from .. import fmt
 from ..styles import status_markup
-from ..widgets.tui_tables import sync_rows
+from ..widgets.tui_tables import Table, sync_rows
 from .controls import MessageControls
 
 PAGE = 50
@@ -77,7 +77,7 @@ class MessagesScreen(MessageControls):
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
-        table: DataTable[Any] = DataTable(id="messages", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = Table(id="messages", cursor_type="row", zebra_stripes=True)
         self._add_columns(table)
         yield table
         yield Static("", id="empty")

@@ -15,7 +15,7 @@ from engine import ops
 
 from .. import fmt
 from ..styles import DEAD_STYLE, PAUSED_MARK, PAUSED_STYLE
-from ..widgets.tui_tables import sync_rows
+from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen
 
@@ -56,7 +56,7 @@ class OverviewScreen(ConsoleScreen):
         self.rows: dict[str, Any] = {}  # the latest stats row per signal (description, flows)
 
     def body(self) -> ComposeResult:
-        table: DataTable[Any] = DataTable(id="signals", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = Table(id="signals", cursor_type="row", zebra_stripes=True)
         for key, label in COLUMNS:
             table.add_column(label, key=key)
         yield table

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import ops
 
 from .. import fmt
-from ..widgets.tui_tables import sync_rows
+from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 
 # what tells stuck from slow first: at 80 columns the rest is a horizontal scroll away
@@ -47,7 +47,7 @@ class WorkersScreen(ConsoleScreen):
 
     def body(self) -> ComposeResult:
         yield Static("", id="workers-summary")
-        table: DataTable[Any] = DataTable(id="workers", cursor_type="row", zebra_stripes=True)
+        table: DataTable[Any] = Table(id="workers", cursor_type="row", zebra_stripes=True)
         for key in COLUMNS:
             table.add_column(LABELS.get(key, key.capitalize()), key=key)
         yield table

@@ -3,10 +3,27 @@ fresh rows without flicker, every number drawn in full."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from textual.widgets import DataTable
+from textual.widgets.data_table import RowKey
+
+
+class Table(DataTable[Any]):
+    """The console's DataTable: rows painted before they were measured are painted again in full.
+
+    DataTable measures new rows on its next Idle event but keys its rendered lines by an update
+    count that measuring leaves alone, so lines painted in between (a loaded machine paints first)
+    kept their header's width for good: "ms" for a message id (Textual issue 4470).
+    """
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        before = [column.content_width for column in self.ordered_columns]
+        super()._update_dimensions(new_rows)
+        if [column.content_width for column in self.ordered_columns] != before:
+            self._update_count += 1  # part of every render cache's key: what was painted is stale
+            self.refresh()
 
 
 def sync_rows(table: DataTable[Any], rows: Sequence[tuple[str, Sequence[Any]]], columns: Sequence[str]) -> None:
