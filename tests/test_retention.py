@@ -85,6 +85,9 @@ async def test_retention_deletes_only_old_finished_messages_with_their_failures_
 
 async def test_retention_goes_in_bounded_batches(db_url, monkeypatch):
     monkeypatch.setattr(retention_mod, "MAX_BATCH", 7)
+    # a batch slower than HOLD_TARGET_MS halves the next, but never below MIN_BATCH (20): above
+    # this MAX_BATCH, so one slow batch on a loaded machine made the rest batches of 20
+    monkeypatch.setattr(retention_mod, "MIN_BATCH", 1)
     work = _make_flows("r2")
     async with oke("r", database_url=db_url, keep_delivered="1h", keep_dead="1h") as app:
         for n in range(1, 61):  # every fourth dies: 15 dead, 45 delivered
