@@ -163,9 +163,11 @@ async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
         await app.emit_many(jobs, list(range(8_000)))
         await app.drain(concurrency=concurrency)
         prepared: list[str] = []
-        for _ in range(app.store.pool.get_size()):  # every connection of the hot pool, each once
-            async with app.store.pool.acquire() as conn:
-                prepared += [r[0] for r in await conn.fetch("SELECT statement FROM pg_prepared_statements")]
+        hot = app.store.hot
+        held = [await hot.take() for _ in range(hot.open_count)]  # every hot connection, each once
+        for conn in held:
+            prepared += [r[0] for r in await conn.fetch("SELECT statement FROM pg_prepared_statements")]
+            hot.give(conn)
     limits = sorted({int(m) for m in re.findall(r"LIMIT (\d+)\s+FOR UPDATE OF m SKIP LOCKED", "\n".join(prepared))})
     assert limits, prepared
     assert all(n <= CLAIM_STEP or n % CLAIM_STEP == 0 for n in limits), limits

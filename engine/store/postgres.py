@@ -1,8 +1,8 @@
 """The PostgreSQL store: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups, asyncpg on the hot path.
 
 Operator reads and writes go through SQLAlchemy (`read` / `write`); enqueue,
-claim and settle use prepared asyncpg statements from a small pool, because on
-two cores the driver's round trips are the budget. Wake-ups ride a dedicated
+claim and settle use prepared asyncpg statements on a few hot connections (pg_hot.py),
+because on two cores the driver's round trips are the budget. Wake-ups ride a dedicated
 LISTEN connection, never a pooled one; after it reconnects every waiter is
 woken to re-read the table, since notifications sent meanwhile are gone.
 """
@@ -26,6 +26,7 @@ from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .history import HistoryTally
+from .pg_hot import HotConnections
 from .sql.claim import claim_order, postgres_claim_statement
 from .sql.enqueue import (
     COPY_COLUMNS,
@@ -86,14 +87,14 @@ class PostgresStore(Store):
         self.dsn = asyncpg_dsn(url)
         self.pool_size = pool_size
         self.sa: AsyncEngine | None = None
-        self.pool: asyncpg.Pool | None = None
+        self.hot: HotConnections | None = None
         self._listener: _Listener | None = None
         self._compacted_at = 0.0
         self._compacting: asyncio.Task[None] | None = None
         self.tally = HistoryTally()
 
     def idle_connection_ceiling(self) -> int:
-        """Connections this store may keep open while idle: the hot pool, SQLAlchemy's kept pool, LISTEN.
+        """Connections this store may keep open while idle: the hot ones, SQLAlchemy's kept pool, LISTEN.
 
         Bursts open more (SQLAlchemy's overflow closes again on return); clients never add any.
         """
@@ -102,18 +103,8 @@ class PostgresStore(Store):
     async def open(self) -> None:
         target = describe_target(self.url)
         try:
-            self.pool = await asyncio.wait_for(
-                asyncpg.create_pool(
-                    self.dsn,
-                    min_size=1,
-                    max_size=self.pool_size,
-                    connection_class=_HotConnection,
-                    timeout=CONNECT_TIMEOUT_S,
-                    command_timeout=COMMAND_TIMEOUT_S,
-                    server_settings=SESSION_SETTINGS,
-                ),
-                CONNECT_TIMEOUT_S,
-            )
+            self.hot = HotConnections(self._connect_hot, self.pool_size, COMMAND_TIMEOUT_S)
+            self.hot.give(await self.hot.take())  # reachable, and the first emit finds one open
             self.sa = create_async_engine(
                 self.url,
                 pool_size=SA_POOL_SIZE,
@@ -142,12 +133,17 @@ class PostgresStore(Store):
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
+        if self.hot is not None:
+            await self.hot.close()
+            self.hot = None
         if self.sa is not None:
             await self.sa.dispose()
             self.sa = None
+
+    async def _connect_hot(self) -> asyncpg.Connection:
+        return await asyncpg.connect(
+            self.dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S, server_settings=SESSION_SETTINGS
+        )
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         assert self.sa is not None, "store is not open"
@@ -161,9 +157,9 @@ class PostgresStore(Store):
             return await conn.run_sync(fn)
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
-        assert self.pool is not None, "store is not open"
+        assert self.hot is not None, "store is not open"
         check_keys(rows)
-        async with _acquire(self.pool) as conn:
+        async with self.hot.connection() as conn:
             if len(rows) == 1 and rows[0].plain and rows[0].key is None:  # the common emit: one statement
                 r = rows[0]
                 await conn.execute(
@@ -192,8 +188,8 @@ class PostgresStore(Store):
         return holder
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
-        assert self.pool is not None, "store is not open"
-        async with _acquire(self.pool) as conn:
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
             rows = await conn.fetch(claim_statement(limit), worker_id, lease_ms, list(queues))
         return claim_order([Claimed(*row) for row in rows])
 
@@ -201,9 +197,9 @@ class PostgresStore(Store):
         # Not joined with the next claim (SQLite does that): here the settle runs on its own
         # connection while the next claim is in flight, and that overlap is worth more than the
         # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
-        assert self.pool is not None, "store is not open"
+        assert self.hot is not None, "store is not open"
         failed_to: dict[tuple[int, int], str] = {}
-        async with _acquire(self.pool) as conn:
+        async with self.hot.connection() as conn:
             if _needs_transaction(outcomes):
                 async with conn.transaction():
                     held = await _settle_on(conn, worker_id, outcomes, failed_to)
@@ -224,8 +220,8 @@ class PostgresStore(Store):
 
     async def _compact_counts(self) -> None:
         try:
-            assert self.pool is not None
-            async with _acquire(self.pool) as conn:
+            assert self.hot is not None
+            async with self.hot.connection() as conn:
                 async with conn.transaction():
                     if not await conn.fetchval(counts.TRY_COMPACT_LOCK_SQL, counts.COMPACT_LOCK):
                         return
@@ -484,56 +480,6 @@ def _queues_to_wake(outcomes: Sequence[Outcome]) -> list[str]:
 def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
     """Plain successes with no key to wake, few enough for one statement, are atomic on their own."""
     return len(outcomes) > POSTGRES_ACK_ROWS_PER_STATEMENT or bool(_queues_to_wake(outcomes))
-
-
-class _HotConnection(asyncpg.Connection):
-    """A hot-pool connection: returned to the pool without asyncpg's reset query.
-
-    The default reset (`SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`) is one
-    more round trip and four statements after every claim, settle and enqueue (5,005 resets in a
-    20,000-message run at 8 handlers; without them 3,904 -> 5,354 msgs/s). This store never leaves session
-    state on these connections: its locks are transaction-scoped, LISTEN has its own connection, and it sets no session
-    variables or cursors. An open transaction is still rolled back on release (asyncpg does that
-    before it asks for this query).
-    """
-
-    def get_reset_query(self) -> str:
-        return ""
-
-
-class _acquire:
-    """`pool.acquire()`, except that a connection which breaks on its way back to the pool does not
-    turn a finished call into an error.
-
-    When the server goes away, asyncpg's reset-on-release can fail after the body has committed
-    (e.g. `InternalClientError: cannot switch to state 15`), and `pool.acquire()`'s context would
-    raise that instead: a settled batch looked unsettled (its handlers re-ran after the lease), a
-    stored emit looked failed, claimed rows were dropped. The pool has already terminated such a
-    connection and opens a new one on the next acquire; the body's own error, if any, is kept.
-
-    Waiting for a connection is bounded like a statement: in a partition every connection can be
-    held by a claim or settle waiting out its own timeout, and a fresh one waits out the connect
-    timeout, so an emit that queued behind them hung for both (17 s in a 16 s cut, then stored).
-    """
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
-        self.conn: Any = None
-
-    async def __aenter__(self) -> Any:
-        self.conn = await self.pool.acquire(timeout=COMMAND_TIMEOUT_S)
-        return self.conn
-
-    async def __aexit__(self, _type: Any, exc: BaseException | None, _tb: Any) -> None:
-        if isinstance(exc, asyncio.TimeoutError):
-            # The reply never came (command timeout): asyncpg's cancel request would first wait its
-            # own timeout across the same dead link before the release returns, doubling how long a
-            # cut-off emit hangs. The connection's state is unknown anyway: drop it now.
-            self.conn.terminate()
-        try:
-            await self.pool.release(self.conn)
-        except Exception as err:
-            log.warning("a PostgreSQL connection broke on release (%s: %s); it was discarded", type(err).__name__, err)
 
 
 def _ensure_schema_locked(conn: Connection) -> None:
