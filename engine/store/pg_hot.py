@@ -96,9 +96,7 @@ class HotConnections:
                 waiter.set_exception(asyncpg.InterfaceError("the store is closed"))
         idle, self._idle = self._idle, []
         self._open -= len(idle)
-        await asyncio.gather(
-            *(conn.close(timeout=self.wait_s) for conn, _ in idle), *self._closing, return_exceptions=True
-        )
+        await asyncio.gather(*(self._close(conn) for conn, _ in idle), *self._closing)
 
     async def _wait(self) -> asyncpg.Connection | None:
         waiter: asyncio.Future[asyncpg.Connection | None] = asyncio.get_running_loop().create_future()

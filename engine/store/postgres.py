@@ -3,7 +3,7 @@
 Operator reads and writes go through SQLAlchemy (`read` / `write`); enqueue,
 claim and settle use prepared asyncpg statements on a few hot connections (pg_hot.py),
 because on two cores the driver's round trips are the budget. Wake-ups ride a dedicated
-LISTEN connection, never a pooled one; after it reconnects every waiter is
+LISTEN connection, never a hot one; after it reconnects every waiter is
 woken to re-read the table, since notifications sent meanwhile are gone.
 """
 
