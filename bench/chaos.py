@@ -9,7 +9,9 @@
 Worker processes (tests/chaos_workers/worker.py) compete for `chaos.jobs` messages on one store.
 Each message's payload is its plan: how many attempts fail (some fail them all and go dead) and
 which attempt sleeps past the short lease. While the messages are emitted, a killer SIGKILLs a
-random worker every few seconds and starts a new one (a new worker id: `w<slot>.<incarnation>`),
+random worker every few seconds and starts a new one (a new worker id: `w<slot>.<incarnation>`);
+after every second kill it also stops another worker cleanly (which hands what it claimed ahead
+back to pending) and starts a new one there too,
 PostgreSQL is restarted (fast, immediate = crash recovery, and stopped for a few seconds), every
 attempt of a share of the messages appends an event to the live tape `chaos.tape`, `chaos.jobs` is
 paused for a few seconds now and then (2-3 windows; `engine.ops.pause` / `resume`, the second window
@@ -70,6 +72,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import signal as os_signal
 import sqlite3
@@ -108,6 +111,7 @@ class Config:
     tape_share: float = 1.0      # messages whose every attempt appends to the live tape
     emit_s: float = 40.0         # emission is spread over this long
     kill_every: tuple[float, float] = (2.0, 6.0)
+    stop_after_kills: int = 2    # after every 2nd kill, another worker is also stopped cleanly
     down_for: tuple[float, float] = (0.2, 1.5)
     # (share of messages emitted, how): a pg_ctl restart mode, or "down:S" (stopped for S seconds)
     pg_restarts: tuple[tuple[float, str], ...] = ()
@@ -251,6 +255,8 @@ class Workers:
         self.current: dict[int, tuple[str, subprocess.Popen]] = {}
         self.incarnations: Counter[int] = Counter()
         self.killed: dict[str, float] = {}     # worker id -> when it was SIGKILLed (epoch s)
+        self.stopped: dict[str, float] = {}    # worker id -> when it stopped cleanly mid-run (epoch s)
+        self.stop_problems: list[str] = []
         self.all: dict[str, subprocess.Popen] = {}
         self.stopping = False
 
@@ -287,6 +293,24 @@ class Workers:
         self.killed[wid] = time.time()
         return wid
 
+    async def stop_one(self, slot: int, timeout: float = 30.0) -> str:
+        """Stop one worker the clean way (app.stop(): nothing starts any more, what it claimed ahead
+        goes back to pending, running handlers get the grace period) and wait for it to exit 0."""
+        wid, proc = self.current.pop(slot)
+        (self.dir / f"stop-{wid}").touch()
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.poll() != 0:
+            self.stop_problems.append(f"{wid} did not stop cleanly mid-run ({proc.poll()})")
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            self.killed[wid] = time.time()
+        else:
+            self.stopped[wid] = time.time()
+        return wid
+
     async def ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
@@ -302,7 +326,7 @@ class Workers:
         out = []
         for wid, proc in self.all.items():
             rc = proc.poll()
-            if rc is not None and wid not in self.killed and not (self.stopping and rc == 0):
+            if rc is not None and wid not in self.killed and not ((self.stopping or wid in self.stopped) and rc == 0):
                 out.append(f"{wid} exited with {rc}")
         return out
 
@@ -344,6 +368,7 @@ class Observed:
     uncertain: Counter[int] = field(default_factory=Counter)  # n -> emits that raised (maybe stored)
     emit_errors: Counter[str] = field(default_factory=Counter)
     kills: list[tuple[float, str]] = field(default_factory=list)
+    clean_stops: list[tuple[float, str]] = field(default_factory=list)
     restarts: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, mode)
     restart_errors: list[str] = field(default_factory=list)
     tape_polls: int = 0
@@ -419,6 +444,7 @@ async def emitter(app: Any, jobs: Any, cfg: Config, plan: list[Planned], obs: Ob
 
 async def killer(workers: Workers, cfg: Config, obs: Observed, stop: asyncio.Event) -> None:
     rng = random.Random(cfg.seed + 1)
+    stops = random.Random(cfg.seed + 2)
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), rng.uniform(*cfg.kill_every))
@@ -426,10 +452,13 @@ async def killer(workers: Workers, cfg: Config, obs: Observed, stop: asyncio.Eve
         except TimeoutError:
             pass
         slot = rng.randrange(cfg.workers)
-        wid = workers.kill(slot)
-        obs.kills.append((time.time(), wid))
+        obs.kills.append((time.time(), workers.kill(slot)))
         await asyncio.sleep(rng.uniform(*cfg.down_for))
         workers.start(slot)
+        if len(obs.kills) % cfg.stop_after_kills == 0:  # its own draws: the kills are as without it
+            other = (slot + 1 + stops.randrange(cfg.workers - 1)) % cfg.workers
+            obs.clean_stops.append((time.time(), await workers.stop_one(other)))
+            workers.start(other)
 
 
 async def restarter(pg: Any, cfg: Config, obs: Observed, progress: asyncio.Event) -> None:
@@ -751,7 +780,11 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
     rep.figures.append(f"emitted in {emit_s:.1f} s, drained {obs.drained - obs.emit_ended:.1f} s later; "
                        f"{sum(obs.uncertain.values())} emits raised during outages and were emitted again"
                        + (f" ({dict(obs.emit_errors)})" if obs.emit_errors else ""))
-    rep.figures.append(f"chaos: {len(obs.kills)} SIGKILLs over {len(workers.all)} worker incarnations; "
+    handed_back = sum(int(n) for path in root.glob("log-*")
+                      for n in re.findall(r"handed (\d+) messages claimed ahead back", path.read_text(errors="replace")))
+    rep.figures.append(f"chaos: {len(obs.kills)} SIGKILLs and {len(obs.clean_stops)} clean stops (which handed "
+                       f"{handed_back} messages claimed ahead back) over "
+                       f"{len(workers.all)} worker incarnations; "
                        + (", ".join(f"PostgreSQL restart -m {mode} {end - start:.1f} s"
                                     for start, end, mode in obs.restarts) or "no database restarts"))
 
@@ -1038,7 +1071,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
               f"delivered+dead never went down", problems)
 
     # ---------------------------------------------------------------- workers
-    problems = workers.unexpected() + stop_problems + obs.restart_errors
+    problems = workers.unexpected() + workers.stop_problems + stop_problems + obs.restart_errors
     for path in sorted(root.glob("log-*")):
         lines = path.read_text(errors="replace").splitlines()
         # asyncpg's own pool warns with a traceback while it cannot reconnect: expected in a restart

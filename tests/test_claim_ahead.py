@@ -211,3 +211,74 @@ async def test_an_outcome_is_settled_while_every_slot_is_taken_and_messages_wait
         rows = await fetch(db_url, "SELECT attempts, count(*) FROM oke_messages GROUP BY 1")
     assert status == "delivered", "A's outcome waited for a claim that could not come"
     assert rows == [(1, 83)]  # and nothing ran twice
+
+
+async def test_a_clean_stop_hands_the_messages_claimed_ahead_back_at_once(db_url):
+    """One slot and fast handlers, so worker A claims several messages ahead; then a handler holds
+    A's slot while A is stopped. Nothing starts after the stop: what A claimed ahead is pending
+    again at once, its attempt not counted, and worker B takes it while A's last handler still runs
+    (not after A's 30 s leases). Each message runs once, as attempt 1."""
+    jobs = signal.once("ca.stop", retries=0)
+    started: list[str] = []
+    gate = asyncio.Event()
+
+    @on(jobs)
+    @flow("w.stop")
+    async def handle(payload: str, fx: Any) -> None:
+        started.append(payload)
+        if payload == "hold":
+            await gate.wait()
+
+    async def inflight() -> int:
+        return int(await scalar(db_url, "SELECT count(*) FROM oke_messages WHERE status = 'inflight'"))
+
+    async with oke("a", database_url=db_url, worker_id="A", stop_grace_s=30) as a, \
+            oke("b", database_url=db_url, worker_id="B") as b:
+        for n in range(30):  # first: A measures fast handlers against its claims, so it claims ahead
+            await a.emit(jobs, f"warm-{n}")
+        await a.emit(jobs, "hold")
+        for n in range(20):
+            await a.emit(jobs, f"after-{n}")
+        run_a = asyncio.create_task(a.run(concurrency=1))
+        async with asyncio.timeout(10):
+            while "hold" not in started or await inflight() < 3:
+                await asyncio.sleep(0.01)
+        ahead = await inflight() - 1
+        # PostgreSQL's two claim lanes may have started a few after-N before "hold": those are A's
+        by_a = {p for p in started if p.startswith("after-")}
+        await a.stop()
+        async with asyncio.timeout(10):  # handed back before the grace period, "hold" still runs
+            while await inflight() > 1:
+                await asyncio.sleep(0.01)
+        assert {p for p in started if p.startswith("after-")} == by_a, started  # nothing started since
+        back = await fetch(db_url, "SELECT status, attempts, locked_by, count(*) FROM oke_messages "
+                                   "WHERE payload LIKE '\"after-%' AND status <> 'delivered' GROUP BY 1, 2, 3")
+        assert back == [("pending", 0, None, 20 - len(by_a))]  # never claimed, or claimed ahead and handed back
+        await b.drain(concurrency=4)
+        assert not run_a.done()  # A's grace period: "hold" has not ended
+        gate.set()
+        await run_a
+        runs = await fetch(db_url, "SELECT m.payload, r.worker_id, r.status, r.attempt, m.status, m.attempts "
+                                   "FROM oke_runs AS r JOIN oke_messages AS m ON m.id = r.message_id "
+                                   "WHERE m.payload NOT LIKE '\"warm-%' ORDER BY m.seq")
+    assert ahead >= 2, ahead
+    assert runs == [('"hold"', "A", "succeeded", 1, "delivered", 1)] + [
+        (f'"after-{n}"', "A" if f"after-{n}" in by_a else "B", "succeeded", 1, "delivered", 1) for n in range(20)
+    ]
+
+
+async def test_a_hand_back_is_fenced_like_a_settle(db_url):
+    """The hand-back at a stop changes only what this worker still holds: a message another worker
+    took over after the lease ran out (attempt 2) is left alone; the other goes back, attempt 0."""
+    jobs = signal.once("ca.back", retries=3)
+    on(jobs, flow("w.back", do=lambda payload, fx: None))
+    async with oke("t", database_url=db_url, lease_ms=50) as app:
+        await app.emit(jobs, 1)
+        await app.emit(jobs, 2)
+        first, other = await app.store.claim(["ca.back"], "A", 50, 2)
+        await asyncio.sleep(0.1)
+        [second] = await app.store.claim(["ca.back"], "B", 30_000, 1)
+        assert (second.seq, second.attempts) == (first.seq, 2)
+        assert await app.store.hand_back("A", [first, other]) == 1
+        rows = await fetch(db_url, "SELECT payload, status, attempts, locked_by FROM oke_messages ORDER BY seq")
+    assert rows == [("1", "inflight", 2, "B"), ("2", "pending", 0, None)]

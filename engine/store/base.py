@@ -19,7 +19,8 @@ from ..ids import now_ms
 from . import counts, migrations, schema
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
-from .wake import Waker
+from .sql.notify import notify_queues
+from .wake import Waker, wake_local
 
 T = TypeVar("T")
 
@@ -229,6 +230,42 @@ class Store(abc.ABC):
             return held.rowcount == 1
 
         return await self.write(renew)
+
+    async def hand_back(self, worker_id: str, unstarted: Sequence[Claimed]) -> int:
+        """Messages this worker claimed ahead and never started, back to pending at a clean stop:
+        due at once, the attempt their claim counted taken back, so another worker takes them now
+        instead of after the lease. Fenced like a settle (one taken over meanwhile is left alone);
+        returns how many went back."""
+        m = schema.messages
+
+        def release(conn: Connection) -> int:
+            now = lease_clock_ms(conn)
+            back = 0
+            for claimed in unstarted:
+                back += conn.execute(
+                    update(m)
+                    .where(
+                        m.c.seq == claimed.seq,
+                        m.c.attempts == claimed.attempts,
+                        m.c.locked_by == worker_id,
+                        m.c.status == "inflight",
+                    )
+                    .values(
+                        status="pending",
+                        locked_by=None,
+                        lease_expires_at=None,
+                        attempts=m.c.attempts - 1,
+                        updated_at=now,
+                    )
+                ).rowcount
+            if back:
+                notify_queues(conn, sorted({claimed.queue for claimed in unstarted}))
+            return back
+
+        back = await self.write(release)
+        if back:
+            wake_local(self.url)  # this process's other workers (another app on the same store)
+        return back
 
     async def next_due_in_ms(self, queues: Sequence[str]) -> int | None:
         """How long until the earliest pending message of `queues` that is not due yet becomes due,

@@ -89,6 +89,35 @@ class ClaimAhead(Running):
         finally:
             self.renewer = None
 
+    async def _hand_back_waiting(self) -> None:
+        """At a clean stop: the messages still waiting for a slot go back to pending now (their
+        attempt not counted), for another worker to take at once rather than after their lease.
+        Nothing starts them here any more (running.py). If the store is away they stay inflight
+        and are reclaimed after the lease, as before."""
+        if self.renewer is not None:
+            self.renewer.cancel()
+        unstarted = [
+            claimed
+            for waiting in self.waiting
+            for claimed in waiting.batch[waiting.next :]
+            if waiting.lost is None or claimed.seq not in waiting.lost
+        ]
+        self.waiting.clear()
+        if not unstarted:
+            return
+        self.held -= len(unstarted)
+        try:
+            back = await self.store.hand_back(self.runtime.worker_id, unstarted)
+        except Exception as err:
+            log.warning(
+                "could not hand back %d messages claimed ahead (%s: %s); they are reclaimed after the lease",
+                len(unstarted),
+                type(err).__name__,
+                err,
+            )
+            return
+        log.info("stopping: handed %d messages claimed ahead back to the queue", back)
+
     async def _renew_batch(self, waiting: Waiting) -> None:
         """Renew each message of `waiting` not started yet; mark the ones this worker lost."""
         for i in range(waiting.next, len(waiting.batch)):

@@ -23,6 +23,8 @@ class WorkerPool(Claiming):
         settlers = [asyncio.create_task(self._settle_loop(), name="oke-settler") for _ in range(self.lanes)]
         try:
             await self._run_lanes(wakers, until_idle)
+            if self.runtime.stop.is_set():
+                await self._hand_back_waiting()  # before the grace: others take them meanwhile
             if self.running:
                 await self._finish_running()
         except asyncio.CancelledError:

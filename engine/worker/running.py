@@ -35,7 +35,8 @@ class Running(PoolState):
         """Start waiting messages while a slot is free, in this one task while each handler finishes
         without suspending; the first that suspends keeps this task to itself, the next ones go on
         in a new task, and once it ends this task takes the next waiting message. Saves a task and
-        a loop iteration a message for handlers that never wait (bench/ONCE.md).
+        a loop iteration a message for handlers that never wait (bench/ONCE.md). Once the pool is
+        stopping nothing more starts: what still waits is handed back (claim_ahead.py).
 
         A handler sees what a task of its own would show it: its own copy of the context, and a
         current task that runs nothing else while it waits, so asyncio.timeout() and cancels of a
@@ -44,8 +45,8 @@ class Running(PoolState):
         happen later (asyncio.timeout() never does) reaches the handler that task is waiting in by
         then, which ends as if the worker were stopping.
         """
-        waiting = self.waiting
-        while waiting and self.active < self.concurrency:
+        waiting, stop = self.waiting, self.runtime.stop
+        while waiting and self.active < self.concurrency and not stop.is_set():
             head = waiting[0]
             claimed = head.batch[head.next]
             head.next += 1
@@ -70,7 +71,7 @@ class Running(PoolState):
             finally:
                 self.active -= 1
                 self.handler_s = ewma(self.handler_s, time.monotonic() - began)
-        if waiting:  # every slot taken: the rest wait for a handler to end
+        if waiting and not stop.is_set():  # every slot taken: the rest wait for a handler to end
             self._left_waiting()
 
     def _left_waiting(self) -> None:

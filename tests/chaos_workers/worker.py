@@ -5,7 +5,7 @@
 
 It declares `chaos.jobs` (once, `--retries`, dead letters on) bound to the flow `chaos.worker`, and
 the live tape `chaos.tape` (optional: nothing needs to listen), boots `oke(...)` on URL with
-worker id ID, writes DIR/ready-<ID> and runs until DIR/stop exists (or until it is SIGKILLed,
+worker id ID, writes DIR/ready-<ID> and runs until DIR/stop or DIR/stop-<ID> exists (or until it is SIGKILLed,
 which is the point). The payload is the plan of a message: `{"n", "key", "fails", "slow", "tape"}`:
 attempt a raises `ChaosFailure` (code "chaos") when a <= fails, and sleeps `--slow-ms` (longer
 than the lease) when a is in `slow`; when `tape` is true every attempt first appends one event to
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import sqlite3
@@ -148,6 +149,10 @@ async def main() -> None:
     parser.add_argument("--slow-ms", type=int, default=2500)
     parser.add_argument("--probe-ms", type=int, default=0)
     args = parser.parse_args()
+    # The worker pool's INFO lines (what a clean stop handed back) go to the log the run reads.
+    workers_log = logging.getLogger("engine.worker")
+    workers_log.setLevel(logging.INFO)
+    workers_log.addHandler(logging.StreamHandler())
 
     reader = RowReader(args.url)
     declare(args.dir, args.worker_id, args.retries, args.slow_ms / 1000, reader)
@@ -155,10 +160,10 @@ async def main() -> None:
         on(signal.once(PROBE), flow("chaos.prober", do=lambda p, fx: None))
     app = oke("chaos-worker", database_url=args.url, lease_ms=args.lease_ms, worker_id=args.worker_id,
               stop_grace_s=5.0)
-    stop_file = args.dir / "stop"
+    stop_files = (args.dir / "stop", args.dir / f"stop-{args.worker_id}")  # every worker's, or this one's
 
     async def watch_stop() -> None:
-        while not stop_file.exists():
+        while not any(f.exists() for f in stop_files):
             await asyncio.sleep(0.05)
         await app.stop()
 
