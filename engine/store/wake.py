@@ -60,6 +60,7 @@ class Waker:
         self.topic = topic
         self.wal = wal
         self.event = asyncio.Event()
+        self._sleepers: set[asyncio.Future[None]] = set()  # what each `wait` in progress is parked on
         self.loop = asyncio.get_running_loop()
         self.thread = threading.get_ident()
         _WAKERS.setdefault((url, topic), set()).add(self)
@@ -71,33 +72,46 @@ class Waker:
         if self.loop.is_closed():
             return
         if threading.get_ident() == self.thread:  # on the loop's own thread: no self-pipe round trip
-            self.event.set()
+            self._wake_here()
         else:
-            self.loop.call_soon_threadsafe(self.event.set)
+            self.loop.call_soon_threadsafe(self._wake_here)
+
+    def _wake_here(self) -> None:
+        self.event.set()
+        for sleeper in self._sleepers:
+            _resolve(sleeper)
 
     async def wait(self, timeout: float) -> None:
         """Until woken, or `timeout` seconds (the poll that backs every mechanism up)."""
-        if self.wal is None:
-            await _wait_event(self.event, timeout)
-            return
         deadline = self.loop.time() + timeout
-        while True:
+        while not self.event.is_set():
             remaining = deadline - self.loop.time()
-            if remaining <= 0 or self.event.is_set():
+            if remaining <= 0:
                 return
-            await _wait_event(self.event, min(WAL_POLL_S, remaining))
-            if self.wal.changed():
+            await self._sleep(remaining if self.wal is None else min(WAL_POLL_S, remaining))
+            if self.wal is not None and self.wal.changed():
                 return
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until `wake` or `seconds`: one future and one timer. `asyncio.wait_for(event.wait())`
+        costs a task or two and a loop iteration more, which an idle worker's emit → handler start
+        pays with cold caches (bench/ONCE.md)."""
+        sleeper = self.loop.create_future()
+        self._sleepers.add(sleeper)
+        timer = self.loop.call_later(seconds, _resolve, sleeper)
+        try:
+            await sleeper
+        finally:
+            timer.cancel()
+            self._sleepers.discard(sleeper)
 
     def close(self) -> None:
         _WAKERS.get((self.url, self.topic), set()).discard(self)
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except TimeoutError:
-        pass
+def _resolve(sleeper: asyncio.Future[None]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(None)
 
 
 # In-process wake-ups, keyed by (database url, topic).

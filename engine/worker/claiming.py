@@ -131,10 +131,8 @@ class Claiming(ClaimAhead, Settling, Pausing):
         self.lane_listening = True
         try:
             timeout = self._idle_poll_s(await self._until_next_due())
-            waits = [asyncio.ensure_future(waker.wait(timeout)), asyncio.ensure_future(self.runtime.stop.wait())]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
+            if not self.runtime.stop.is_set():  # from here a stop wakes the waker (pool.py)
+                await waker.wait(timeout)
         finally:
             self.lane_listening = False
 

@@ -21,6 +21,7 @@ class WorkerPool(Claiming):
         # A settler per lane: where claims overlap (PostgreSQL), a large settle no longer holds up
         # the outcomes that finish meanwhile (32 handlers: 11,700 -> 14,100 msgs/s, bench/ONCE.md).
         settlers = [asyncio.create_task(self._settle_loop(), name="oke-settler") for _ in range(self.lanes)]
+        stop_wakes = asyncio.create_task(self._wake_on_stop(wakers), name="oke-stop-wakes")
         try:
             await self._run_lanes(wakers, until_idle)
             if self.runtime.stop.is_set():
@@ -36,6 +37,7 @@ class WorkerPool(Claiming):
                 await self._finish_running()
             raise
         finally:
+            stop_wakes.cancel()
             if self.renewer is not None:
                 self.renewer.cancel()  # messages still waiting keep their leases until they run out
             for waker in wakers:
@@ -43,6 +45,12 @@ class WorkerPool(Claiming):
             self.stopping = True
             self.outcome_ready.set()
             await asyncio.gather(*settlers)
+
+    async def _wake_on_stop(self, wakers: list[Waker]) -> None:
+        """A lane waiting for work waits on its waker alone: a stop ends that wait this way."""
+        await self.runtime.stop.wait()
+        for waker in wakers:
+            waker.wake()
 
     async def _run_lanes(self, wakers: list[Waker], until_idle: bool) -> None:
         """A claim loop per lane until they all end; a lane's error is raised as itself."""
