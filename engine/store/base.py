@@ -11,7 +11,7 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import Connection, Update, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
@@ -213,20 +213,10 @@ class Store(abc.ABC):
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         """Run a held lease again from now, fenced like a settle. A message claimed ahead that
         waited long for a slot starts on a whole lease; False if this worker lost it meanwhile."""
-        m = schema.messages
 
         def renew(conn: Connection) -> bool:
             now = lease_clock_ms(conn)
-            held = conn.execute(
-                update(m)
-                .where(
-                    m.c.seq == claimed.seq,
-                    m.c.attempts == claimed.attempts,
-                    m.c.locked_by == worker_id,
-                    m.c.status == "inflight",
-                )
-                .values(lease_expires_at=now + lease_ms, updated_at=now)
-            )
+            held = conn.execute(_still_held(worker_id, claimed).values(lease_expires_at=now + lease_ms, updated_at=now))
             return held.rowcount == 1
 
         return await self.write(renew)
@@ -236,26 +226,15 @@ class Store(abc.ABC):
         due at once, the attempt their claim counted taken back, so another worker takes them now
         instead of after the lease. Fenced like a settle (one taken over meanwhile is left alone);
         returns how many went back."""
-        m = schema.messages
+        attempts = schema.messages.c.attempts
 
         def release(conn: Connection) -> int:
             now = lease_clock_ms(conn)
             back = 0
             for claimed in unstarted:
                 back += conn.execute(
-                    update(m)
-                    .where(
-                        m.c.seq == claimed.seq,
-                        m.c.attempts == claimed.attempts,
-                        m.c.locked_by == worker_id,
-                        m.c.status == "inflight",
-                    )
-                    .values(
-                        status="pending",
-                        locked_by=None,
-                        lease_expires_at=None,
-                        attempts=m.c.attempts - 1,
-                        updated_at=now,
+                    _still_held(worker_id, claimed).values(
+                        status="pending", locked_by=None, lease_expires_at=None, attempts=attempts - 1, updated_at=now
                     )
                 ).rowcount
             if back:
@@ -290,6 +269,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def tape_waker(self, signal: str) -> Waker:
         """A wake-up source for the readers of one live tape: set when it may have new events."""
+
+
+def _still_held(worker_id: str, claimed: Claimed) -> Update:
+    """An update of `claimed`'s row only while this worker holds that attempt (the settle's fence)."""
+    m = schema.messages
+    return update(m).where(
+        m.c.seq == claimed.seq, m.c.attempts == claimed.attempts, m.c.locked_by == worker_id, m.c.status == "inflight"
+    )
 
 
 def lease_clock_ms(conn: Connection) -> int:
