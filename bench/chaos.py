@@ -247,6 +247,12 @@ class WorkerDied(RuntimeError):
     pass
 
 
+async def _exited(proc: subprocess.Popen, deadline: float) -> None:
+    """Until `proc` exits or the monotonic `deadline` passes."""
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 class Workers:
     """Worker subprocesses by slot; each (re)start is a new incarnation with a new worker id."""
 
@@ -298,9 +304,7 @@ class Workers:
         goes back to pending, running handlers get the grace period) and wait for it to exit 0."""
         wid, proc = self.current.pop(slot)
         (self.dir / f"stop-{wid}").touch()
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await _exited(proc, time.monotonic() + timeout)
         if proc.poll() != 0:
             self.stop_problems.append(f"{wid} did not stop cleanly mid-run ({proc.poll()})")
             if proc.poll() is None:
@@ -341,8 +345,7 @@ class Workers:
         deadline = time.monotonic() + timeout
         problems = []
         for wid, proc in self.current.values():
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await _exited(proc, deadline)
             if proc.poll() != 0:
                 problems.append(f"{wid} did not stop cleanly ({proc.poll()})")
         return problems

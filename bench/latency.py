@@ -24,7 +24,7 @@ WARMUP = 5
 WORKER_CONCURRENCY = 8
 
 
-async def _start(args: list[str]):
+async def start_worker(args: list[str]):
     proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE)
     line = await asyncio.wait_for(proc.stdout.readline(), 60)
@@ -34,24 +34,30 @@ async def _start(args: list[str]):
     return proc
 
 
+async def emit_and_hear(proc, emit, i: int) -> tuple[float, float]:
+    """Emit message i and wait for the worker's handler line: (latency ms, emit call ms)."""
+    t_emit = time.time()
+    await emit(payload(i))
+    t_emitted = time.time()
+    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
+    if len(line) != 3 or line[0] != "H" or int(line[1]) != i:
+        raise RuntimeError(f"unexpected worker line {line!r} for message {i}")
+    return (float(line[2]) - t_emit) * 1e3, (t_emitted - t_emit) * 1e3
+
+
 async def _measure(proc, emit, n: int, seed: int) -> tuple[list[float], list[float]]:
     rnd = random.Random(seed)
     lat, call = [], []
     for i in range(-WARMUP, n):
         await asyncio.sleep(rnd.uniform(0.0, 0.100))
-        t_emit = time.time()
-        await emit(payload(i))
-        t_emitted = time.time()
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
-        if len(line) != 3 or line[0] != "H" or int(line[1]) != i:
-            raise RuntimeError(f"unexpected worker line {line!r} for message {i}")
+        latency, emit_call = await emit_and_hear(proc, emit, i)
         if i >= 0:
-            lat.append((float(line[2]) - t_emit) * 1e3)
-            call.append((t_emitted - t_emit) * 1e3)
+            lat.append(latency)
+            call.append(emit_call)
     return lat, call
 
 
-async def _stop(proc) -> None:
+async def stop_worker(proc) -> None:
     if proc.returncode is None:
         proc.stdin.close()
         try:
@@ -76,9 +82,9 @@ async def engine_latency(cluster, n: int, seed: int) -> dict:
     try:
         sig = declare()
         async with make_app(url, name="bench-producer") as app:
-            proc = await _start([str(BENCH_DIR / "engine_worker.py"), "serve", url, str(WORKER_CONCURRENCY)])
+            proc = await start_worker([str(BENCH_DIR / "engine_worker.py"), "serve", url, str(WORKER_CONCURRENCY)])
             lat, call = await _measure(proc, lambda v: app.emit(sig, v), n, seed)
-            await _stop(proc)
+            await stop_worker(proc)
         chk, ok = await verify_pg(cluster.dsn(db), n + WARMUP)
     finally:
         if proc is not None and proc.returncode is None:
@@ -94,9 +100,9 @@ async def raw_latency_run(cluster, dsn: str, n: int, seed: int) -> dict:
     emitter = await raw_latency.Emitter().open(dsn)
     proc = None
     try:
-        proc = await _start([str(BENCH_DIR / "peers" / "raw_latency.py"), "worker", dsn])
+        proc = await start_worker([str(BENCH_DIR / "peers" / "raw_latency.py"), "worker", dsn])
         lat, call = await _measure(proc, emitter.emit, n, seed)
-        await _stop(proc)
+        await stop_worker(proc)
         chk, ok = await emitter.verify(n + WARMUP)
     finally:
         if proc is not None and proc.returncode is None:
