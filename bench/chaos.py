@@ -31,7 +31,8 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
                - dead       <=> A in F, A >= retries + 1, and every attempt retries+1 .. A-1 is in L
                                 (so |F| = A - |L|; with no lost attempt |F| = retries + 1 = A)
                - every lost attempt is explained: its worker was SIGKILLed, or its run is
-                 `lease_lost`, or it never reached the handler and some worker was killed
+                 `lease_lost`, or its worker was stopped during an outage and logged giving up
+                 its outcome, or it never reached the handler and some worker was killed
                - a message with no lost attempt and no outage failure ends exactly as planned
                - failure codes match the handler's own log; a `failed` run has a failure record
   lease      one holder at a time: for consecutive attempts n, n+1 of a message, if n lost its lease
@@ -711,6 +712,19 @@ class Report:
         print(f"   RESULT: {'PASS' if self.passed else 'FAIL'}", flush=True)
 
 
+def settles_given_up(root: Path) -> dict[tuple[str, int], str]:
+    """(message id, attempt) -> the worker that ran it but, stopped during an outage, gave up
+    writing its outcome (its log names each one)."""
+    given_up: dict[tuple[str, int], str] = {}
+    for path in root.glob("log-*"):
+        worker = path.name.removeprefix("log-")
+        for line in path.read_text(errors="replace").splitlines():
+            if "giving up settling" in line:
+                for mid, attempt in re.findall(r"(msg_\w+) attempt (\d+)", line):
+                    given_up[(mid, int(attempt))] = worker
+    return given_up
+
+
 def read_logs(root: Path) -> tuple[dict[tuple[str, int], Attempt], list[str]]:
     attempts: dict[tuple[str, int], Attempt] = {}
     bad: list[str] = []
@@ -785,6 +799,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                        + (f" ({dict(obs.emit_errors)})" if obs.emit_errors else ""))
     handed_back = sum(int(n) for path in root.glob("log-*")
                       for n in re.findall(r"handed (\d+) messages claimed ahead back", path.read_text(errors="replace")))
+    given_up = settles_given_up(root)
     rep.figures.append(f"chaos: {len(obs.kills)} SIGKILLs and {len(obs.clean_stops)} clean stops (which handed "
                        f"{handed_back} messages claimed ahead back) over "
                        f"{len(workers.all)} worker incarnations; "
@@ -883,6 +898,8 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                 lost_kinds["lease lost (run lease_lost)"] += 1
             elif att is not None and att.worker in killed:
                 lost_kinds["holder SIGKILLed"] += 1
+            elif att is not None and given_up.get((mid, a)) == att.worker:
+                lost_kinds["holder stopped in an outage, its settle given up"] += 1
             elif (att is None or att.start is None) and killed:
                 lost_kinds["claimed, holder killed before the handler ran"] += 1
             elif (att is None or att.start is None) and obs.partitions:

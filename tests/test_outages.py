@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -232,6 +233,40 @@ async def test_workers_ride_out_a_postgres_stop(pg: PgCluster, pg_db: str, lease
         await asyncio.wait_for(runner, 15)
         await settled_state(app, rec, everything)
         assert 999 not in rec.started
+
+
+@pytest.mark.postgres
+async def test_a_stop_during_an_outage_names_the_outcomes_it_gives_up_and_they_run_again(
+        pg: PgCluster, pg_db: str, caplog: pytest.LogCaptureFixture):
+    """A worker stopped while the server is down cannot write what its handlers finished: after
+    its back-off it exits and logs each message it gave up settling; those messages run again,
+    once, after their leases end."""
+    rec = Recorder()
+    ns = list(range(4))
+    async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
+        ids = {n: await app.emit(rec.signal, {"n": n, "sleep": 2.0}) for n in ns}
+        runner = asyncio.create_task(app.run(concurrency=4))
+        await until(lambda: all(rec.started[n] for n in ns), 10, "handlers started")
+        with caplog.at_level(logging.ERROR, logger="engine.worker"):
+            async with pg_down(pg):
+                await until(lambda: all(rec.succeeded[n] for n in ns), 10, "handlers finished")
+                await app.stop()
+                await asyncio.wait_for(runner, 20)
+    given_up = [r.getMessage() for r in caplog.records if "giving up settling" in r.getMessage()]
+    assert len(given_up) == 1, given_up
+    assert all(f"{ids[n]} attempt 1" in given_up[0] for n in ns), given_up
+
+    # the first leases (1.5 s) end while the server is down; these (10 s) outlive the 2 s handlers
+    async with oke("shop", database_url=pg_db, lease_ms=10_000) as app:
+        runner = asyncio.create_task(app.run(concurrency=4))
+        await until(lambda: all(rec.succeeded[n] == 2 for n in ns), 15, "every message run again")
+        await asyncio.sleep(0.3)  # the last settle
+        await app.stop()
+        await asyncio.wait_for(runner, 15)
+        rows = await fetch(app.database_url, "SELECT id, status, attempts FROM oke_messages")
+    assert {mid: (status, attempts) for mid, status, attempts in rows} == \
+        {ids[n]: ("delivered", 2) for n in ns}
+    assert all(rec.started[n] == 2 for n in ns), rec.started
 
 
 @pytest.mark.postgres
