@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from engine import OkeError, flow, oke, on, signal
 from engine.durations import MAX_DURATION_MS, parse_duration_ms
-from engine.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DEPTH
+from engine.payloads import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DEPTH, loads_stored
 from okconsole.cli import app as cli_app
 from workers.db import fetch, table_counts
 
@@ -281,6 +281,38 @@ async def shop(db_url):
 async def _rows(db_url: str) -> dict[str, int]:
     counts = await table_counts(db_url)
     return {k: counts[k] for k in ("oke_messages", "oke_tape_events")}
+
+
+def _loaded(text: str) -> tuple[str, str]:
+    try:
+        return "value", json.dumps(json.loads(text), ensure_ascii=False)
+    except Exception as err:
+        return type(err).__name__, str(err)
+
+
+def _loaded_stored(text: str) -> tuple[str, str]:
+    try:
+        return "value", json.dumps(loads_stored(text), ensure_ascii=False)
+    except Exception as err:
+        return type(err).__name__, str(err)
+
+
+_blank = st.sampled_from(["", " ", "\n", "\t ", "\r\n"])
+
+
+@settings(base, max_examples=300)
+@given(value=json_values, indent=st.sampled_from([None, 1]), before=_blank, after=_blank,
+       tail=st.sampled_from(["", "x", "]", ",1", "}", "0"]))
+def test_a_stored_payload_decodes_as_json_loads_would(value, indent, before, after, tail):
+    """The worker's fast decode of a stored payload gives json.loads's value (compact or not,
+    whitespace around it) and, for text that is not one JSON value, json.loads's own error."""
+    text = before + json.dumps(value, ensure_ascii=False, indent=indent) + after + tail
+    assert _loaded_stored(text) == _loaded(text)
+
+
+@pytest.mark.parametrize("text", ["", " ", "nul", "{", '{"a":}', '"\\x"', "NaN", "-Infinity", "1e999", "[1,]", '"\ud800"'])
+def test_odd_stored_payload_texts_decode_as_json_loads_would(text):
+    assert _loaded_stored(text) == _loaded(text)
 
 
 @few(25)
