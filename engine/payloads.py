@@ -7,6 +7,7 @@ then encoded; any failure is OKE1250 and nothing is stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -200,7 +201,8 @@ def decode(signal: Signal, text: str) -> Any:
     return loads_stored(text)
 
 
-_scan_value = json.JSONDecoder().scan_once
+# json.loads's own C scanner (typeshed does not declare JSONDecoder.scan_once)
+_scan_value: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def loads_stored(text: str) -> Any:
