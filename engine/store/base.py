@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
-from . import counts, migrations, schema
+from . import counts, migrations, pauses, schema
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .sql.notify import notify_queues
@@ -209,6 +209,10 @@ class Store(abc.ABC):
         """`settle(outcomes)` then `claim(...)`; atomic (one commit) where `settles_with_claims`."""
         held = await self.settle(worker_id, outcomes) if outcomes else []
         return held, await self.claim(queues, worker_id, lease_ms, limit)
+
+    async def paused_signals(self) -> frozenset[str]:
+        """Every signal paused now: a worker reads it before a claim when its copy is stale."""
+        return await self.read(pauses.paused_signals)
 
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         """Run a held lease again from now, fenced like a settle. A message claimed ahead that

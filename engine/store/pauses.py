@@ -19,6 +19,10 @@ def paused_signals(conn: Connection) -> frozenset[str]:
     return frozenset(r[0] for r in conn.execute(select(p.c.signal)))
 
 
+# The same read in one autocommit statement, for PostgreSQL's hot connections (postgres.py).
+PAUSED_SIGNALS_SQL = "SELECT signal FROM oke_pauses"
+
+
 def is_paused(conn: Connection, signal: str) -> bool:
     return conn.execute(select(p.c.signal).where(p.c.signal == signal)).first() is not None
 

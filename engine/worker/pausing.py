@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from ..store import pauses
 from ..store.outage import is_outage
 from .state import PoolState, log
 
@@ -41,7 +40,7 @@ class Pausing(PoolState):
         not counted as fresh: the next claim reads again first, so a pause that committed just
         before an outage holds from the first claim after it."""
         try:
-            paused = await self.store.read(pauses.paused_signals)
+            paused = await self.store.paused_signals()
         except Exception as err:
             if not is_outage(err):
                 raise
