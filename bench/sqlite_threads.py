@@ -60,14 +60,15 @@ async def one_drain(messages: int, handlers: int) -> str:
     path = os.path.join(tempfile.mkdtemp(), "drain.db")
     async with oke("threads", database_url=f"sqlite+aiosqlite:///{path}") as app:
         for start in range(0, messages, 10_000):
-            await app.emit_many(jobs, [{"n": n, "body": "hello world"} for n in range(start, min(messages, start + 10_000))])
+            chunk = range(start, min(messages, start + 10_000))
+            await app.emit_many(jobs, [{"n": n, "body": "hello world"} for n in chunk])
         conn = sqlite3.connect(path)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
         before, began = thread_cpu(), time.perf_counter()
         await app.drain(concurrency=handlers)
         elapsed, after = time.perf_counter() - began, thread_cpu()
-    per_msg = {name: [(a - b) * 1e6 / messages for a, b in zip(cpu, before.get(name, (0.0, 0.0)))]
+    per_msg = {name: [(a - b) * 1e6 / messages for a, b in zip(cpu, before.get(name, (0.0, 0.0)), strict=True)]
                for name, cpu in after.items()}
     busy = "  ".join(f"{name} {user:.1f} + {system:.1f} sys" for name, (user, system) in per_msg.items()
                      if user + system > 0.5)
