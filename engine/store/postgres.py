@@ -191,7 +191,7 @@ class PostgresStore(Store):
     async def paused_signals(self) -> frozenset[str]:
         # On a hot connection in one statement: a worker reads this before its first claim after
         # an idle spell, and through SQLAlchemy (checkout, BEGIN, SELECT, COMMIT) the read held
-        # that claim up by about 1.5 ms (emit -> handler p90 4.2 -> 2.8 ms, bench/ONCE.md).
+        # that claim up by about 1.5 ms (emit -> handler p90 4.7 -> 3.0 ms, bench/ONCE.md).
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
             rows = await conn.fetch(PAUSED_SIGNALS_SQL)
