@@ -7,20 +7,20 @@ not per claim: the claim statement stays as it is, on its partial index.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, delete, select, text
 
 from . import schema
 
 p = schema.pauses
 
 
+# Plain text, so PostgreSQL's hot connections (postgres.py) run the very statement this module does.
+PAUSED_SIGNALS_SQL = "SELECT signal FROM oke_pauses"
+
+
 def paused_signals(conn: Connection) -> frozenset[str]:
     """Every signal paused now."""
-    return frozenset(r[0] for r in conn.execute(select(p.c.signal)))
-
-
-# The same read in one autocommit statement, for PostgreSQL's hot connections (postgres.py).
-PAUSED_SIGNALS_SQL = "SELECT signal FROM oke_pauses"
+    return frozenset(r[0] for r in conn.execute(text(PAUSED_SIGNALS_SQL)))
 
 
 def is_paused(conn: Connection, signal: str) -> bool:
