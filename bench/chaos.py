@@ -712,17 +712,20 @@ class Report:
         print(f"   RESULT: {'PASS' if self.passed else 'FAIL'}", flush=True)
 
 
-def settles_given_up(root: Path) -> dict[tuple[str, int], str]:
-    """(message id, attempt) -> the worker that ran it but, stopped during an outage, gave up
-    writing its outcome (its log names each one)."""
+def clean_stop_logs(root: Path) -> tuple[int, dict[tuple[str, int], str]]:
+    """What the workers' logs say about their clean stops, in one read of each log: how many
+    messages claimed ahead they handed back, and (message id, attempt) -> the worker that ran it
+    but, stopped during an outage, gave up writing its outcome (its log names each one)."""
+    handed_back = 0
     given_up: dict[tuple[str, int], str] = {}
     for path in root.glob("log-*"):
         worker = path.name.removeprefix("log-")
         for line in path.read_text(errors="replace").splitlines():
+            handed_back += sum(int(n) for n in re.findall(r"handed (\d+) messages claimed ahead back", line))
             if "giving up settling" in line:
                 for mid, attempt in re.findall(r"(msg_\w+) attempt (\d+)", line):
                     given_up[(mid, int(attempt))] = worker
-    return given_up
+    return handed_back, given_up
 
 
 def read_logs(root: Path) -> tuple[dict[tuple[str, int], Attempt], list[str]]:
@@ -797,9 +800,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
     rep.figures.append(f"emitted in {emit_s:.1f} s, drained {obs.drained - obs.emit_ended:.1f} s later; "
                        f"{sum(obs.uncertain.values())} emits raised during outages and were emitted again"
                        + (f" ({dict(obs.emit_errors)})" if obs.emit_errors else ""))
-    handed_back = sum(int(n) for path in root.glob("log-*")
-                      for n in re.findall(r"handed (\d+) messages claimed ahead back", path.read_text(errors="replace")))
-    given_up = settles_given_up(root)
+    handed_back, given_up = clean_stop_logs(root)
     rep.figures.append(f"chaos: {len(obs.kills)} SIGKILLs and {len(obs.clean_stops)} clean stops (which handed "
                        f"{handed_back} messages claimed ahead back) over "
                        f"{len(workers.all)} worker incarnations; "
