@@ -1,9 +1,10 @@
 """`pause` / `resume` a signal (SPEC §11), each one write transaction with its audit row.
 
 The pause itself is a row in `oke_pauses` (engine/store/pauses.py); workers in every process
-sharing the store read that set now and then and stop claiming the signal's queues
-(engine/worker/pausing.py). A resume wakes them at commit (NOTIFY on PostgreSQL; on SQLite the
-WAL changes and a paused worker polls often).
+sharing the store read that set and stop claiming the signal's queues (engine/worker/pausing.py).
+On PostgreSQL both writes announce the change at commit (NOTIFY oke_pause), so every worker
+re-reads the set before its next claim, and a resume wakes the workers of the signal's queues; on
+SQLite the workers re-read the set every 0.5 s, and a paused worker polls as often.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from sqlalchemy import Connection, select
 
 from ..store import pauses, queue_name, schema
 from ..store.base import lease_clock_ms
-from ..store.sql.notify import notify_queues
+from ..store.sql.notify import notify_pause, notify_queues
 from . import queries
 from .records import NotPausable, PauseState
 from .repair import default_actor, write_audit
@@ -31,6 +32,7 @@ def pause(conn: Connection, signal: str, *, actor: str | None, reason: str | Non
     changed = pauses.add(conn, signal, at=now, actor=actor, reason=reason)
     if changed:
         write_audit(conn, "pause", actor, signal, [], reason, at=now)
+        notify_pause(conn, signal)
     return PauseState(signal=signal, paused=True, changed=changed)
 
 
@@ -40,6 +42,7 @@ def resume(conn: Connection, signal: str, *, actor: str | None, reason: str | No
     changed = pauses.remove(conn, signal)
     if changed:
         write_audit(conn, "resume", actor, signal, [], reason, at=lease_clock_ms(conn))
+        notify_pause(conn, signal)
         notify_queues(conn, queues_of(conn, signal))
     return PauseState(signal=signal, paused=False, changed=changed)
 

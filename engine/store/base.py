@@ -20,7 +20,7 @@ from . import counts, migrations, pauses, schema
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .sql.notify import notify_queues
-from .wake import Waker, wake_local
+from .wake import PauseNotices, Waker, wake_local
 
 T = TypeVar("T")
 
@@ -213,6 +213,11 @@ class Store(abc.ABC):
     async def paused_signals(self) -> frozenset[str]:
         """Every signal paused now: a worker reads it before a claim when its copy is stale."""
         return await self.read(pauses.paused_signals)
+
+    def pause_notices(self) -> PauseNotices | None:
+        """Where this process hears of pause changes as they commit; None where it cannot (SQLite:
+        its workers re-read the paused set every PAUSE_REFRESH_S)."""
+        return None
 
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         """Run a held lease again from now, fenced like a settle. A message claimed ahead that

@@ -39,9 +39,9 @@ from .sql.enqueue import (
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
 )
-from .sql.notify import POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
+from .sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
-from .wake import Waker, tape_topic, wake_local, wake_tapes
+from .wake import PauseNotices, Waker, tape_topic, wake_local, wake_tapes
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.postgres")
@@ -256,6 +256,10 @@ class PostgresStore(Store):
             if listener.conn is not None:
                 asyncio.get_running_loop().create_task(listener._listen_channels())
         return Waker(self.url, tape_topic(signal))
+
+    def pause_notices(self) -> PauseNotices | None:
+        """Heard on the workers' LISTEN connection, once a waker started it."""
+        return None if self._listener is None else self._listener.pauses
 
     def _on_tape_notice(self, payload: str) -> None:
         if not payload:  # the LISTEN connection came back: anything may have happened
@@ -515,8 +519,9 @@ class _Listener:
         self.task: asyncio.Task[None] | None = None
         self.conn: asyncpg.Connection | None = None
         self.ready = asyncio.Event()
-        # Extra channels (live tapes); CHANNEL itself wakes the workers.
-        self.channels: dict[str, Callable[[str], None]] = {}
+        # Extra channels (pauses, live tapes); CHANNEL itself wakes the workers.
+        self.pauses = PauseNotices()
+        self.channels: dict[str, Callable[[str], None]] = {PAUSE_CHANNEL: self._on_pause}
         self.listening: set[str] = set()
 
     def ensure_started(self) -> None:
@@ -524,6 +529,12 @@ class _Listener:
             self.task = asyncio.get_running_loop().create_task(self._run(), name="oke-pg-listen")
 
     def _on_notify(self, *_args: Any) -> None:
+        wake_local(self.url)
+
+    def _on_pause(self, _payload: str) -> None:
+        """A pause changed (or the connection is back): the workers re-read the paused set before
+        their next claim, which this wake-up brings about (a resume's queues may be claimable)."""
+        self.pauses.heard()
         wake_local(self.url)
 
     def _on_channel(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
@@ -551,6 +562,7 @@ class _Listener:
                 await self.conn.add_listener(CHANNEL, self._on_notify)
                 self.listening = set()
                 await self._listen_channels()
+                self.pauses.live = True
                 self.ready.set()
                 backoff = 0.1
                 wake_local(self.url)  # notifications sent while we were away are gone: re-read
@@ -562,6 +574,7 @@ class _Listener:
             except Exception as err:  # the database is away: retry with back-off
                 log.warning("LISTEN connection failed (%s); retrying in %.1fs", err, backoff)
             finally:
+                self.pauses.live = False
                 self.ready.clear()
                 if self.conn is not None and not self.conn.is_closed():
                     self.conn.terminate()

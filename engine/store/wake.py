@@ -24,6 +24,19 @@ _TAPE = "tape\x1f"
 WAL_POLL_S = 0.02
 
 
+class PauseNotices:
+    """What a LISTEN connection heard of pause changes (PostgreSQL): `epoch` moves on every
+    notice and every time the connection is made again (notices sent meanwhile are lost), and
+    `live` says it listens now. A paused set read while live, with no move since, is current."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.live = False
+
+    def heard(self) -> None:
+        self.epoch += 1
+
+
 def tape_topic(signal: str) -> str:
     """The topic a live tape's readers wait on."""
     return _TAPE + signal

@@ -1,10 +1,16 @@
 """Paused signals: which of the pool's queues a claim may take from.
 
 An operator's pause is a row in `oke_pauses` (engine/store/pauses.py), written by any process.
-Each pool reads the paused set at most every PAUSE_REFRESH_S, at claim time (one tiny query, not
-one per claim), and leaves the paused signals' queues (the once queue and every broadcast copy
-queue) out of its claims: so no process claims a paused signal's messages from PAUSE_REFRESH_S
-plus one claim after the pause commits. Handlers already running finish; emits are still stored.
+Each pool reads the paused set at claim time when its copy is stale (one tiny query, not one per
+claim) and leaves the paused signals' queues (the once queue and every broadcast copy queue) out
+of its claims. Handlers already running finish; emits are still stored.
+
+When is the copy stale? Where the store announces pause changes (PostgreSQL: engine.ops NOTIFYs
+oke_pause at commit, heard on the workers' LISTEN connection), at the next claim after a notice,
+and otherwise after PAUSE_TRUST_S (the net for a pause written by hand with SQL); so the first
+claim after an idle spell waits for no read. Where it does not (SQLite), or while that connection
+is down, after PAUSE_REFRESH_S: no process claims a paused signal's messages from PAUSE_REFRESH_S
+plus one claim after the pause commits.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from ..store.outage import is_outage
 from .state import PoolState, log
 
 PAUSE_REFRESH_S = 0.5
+PAUSE_TRUST_S = 5.0
 
 
 class Pausing(PoolState):
@@ -24,16 +31,26 @@ class Pausing(PoolState):
         """The pool's queues whose signal is not paused (re-read when the last read is stale). The
         lanes share one read: a lane never claims with the old set while another lane reads."""
         asked_at = time.monotonic()
-        if asked_at - self.paused_read_at >= PAUSE_REFRESH_S or self.paused_lock.locked():
+        if self._paused_stale() or self.paused_lock.locked():
             async with self.paused_lock:
                 # A lane that waited for another's read takes its result, answered or not: during an
                 # outage the lanes do not each wait out a read of their own, one after the other.
-                stale = time.monotonic() - self.paused_read_at >= PAUSE_REFRESH_S
-                if stale and self.paused_tried_at < asked_at:
+                if self._paused_stale() and self.paused_tried_at < asked_at:
                     self.paused_tried_at = time.monotonic()
+                    notices = self.store.pause_notices()
+                    epoch = notices.epoch if notices is not None and notices.live else None
                     if await self._read_paused():
                         self.paused_read_at = time.monotonic()
+                        self.paused_epoch = epoch
         return self.claimable
+
+    def _paused_stale(self) -> bool:
+        """Whether the paused set must be read before the next claim (see the module's docstring)."""
+        age = time.monotonic() - self.paused_read_at
+        notices = self.store.pause_notices()
+        if notices is not None and notices.live:  # a notice (or a reconnect) since the read: stale now
+            return notices.epoch != self.paused_epoch or age >= PAUSE_TRUST_S
+        return age >= PAUSE_REFRESH_S
 
     async def _read_paused(self) -> bool:
         """Re-read the paused set; False when the store was away. The last set is kept then, but

@@ -73,5 +73,6 @@ class PoolState:
         self.paused: frozenset[str] = frozenset()
         self.paused_read_at = float("-inf")  # the last read that answered
         self.paused_tried_at = float("-inf")  # the last read begun, answered or not
+        self.paused_epoch: int | None = None  # the pause notices' epoch that read began in, if listening
         self.paused_lock = asyncio.Lock()
         self.claimable: list[str] = self.queues

@@ -14,11 +14,14 @@ from sqlalchemy import Connection, text
 
 WORK_CHANNEL = "oke_wake"
 TAPE_CHANNEL = "oke_tape"
+PAUSE_CHANNEL = "oke_pause"  # a pause or resume committed: workers re-read the paused set
 
 # -- PostgreSQL (asyncpg, the settle): $1 the queues made eligible again.
 POSTGRES_WAKE_QUEUES = "SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q"
 # -- PostgreSQL (SQLAlchemy, operator writes such as replay): one queue.
 POSTGRES_WAKE_QUEUE = "SELECT pg_notify('oke_wake', :q)"
+# -- PostgreSQL (SQLAlchemy, pause and resume): the signal whose pause changed.
+POSTGRES_PAUSE_CHANGED = "SELECT pg_notify('oke_pause', :s)"
 # -- PostgreSQL (SQLAlchemy, a tape append): channel and "<head> <signal>".
 POSTGRES_WAKE_TAPE = "SELECT pg_notify(:c, :p)"
 
@@ -29,6 +32,12 @@ def notify_queues(conn: Connection, queues: Sequence[str]) -> None:
         return
     for queue in queues:
         conn.execute(text(POSTGRES_WAKE_QUEUE), {"q": queue})
+
+
+def notify_pause(conn: Connection, signal: str) -> None:
+    """On PostgreSQL, tell every process's workers that `signal`'s pause changed, when this commits."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(POSTGRES_PAUSE_CHANGED), {"s": signal})
 
 
 def notify_tape(conn: Connection, signal: str, head: int) -> None:
