@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import history, payloads
 from .background import Background
+from .bindings_cache import BindingsCache
 from .durations import parse_duration_ms
 from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
@@ -34,7 +34,6 @@ from .store.outage import describe, is_outage
 from .telemetry import RunHooks, tracing
 from .worker import Route, WorkerPool
 
-BINDINGS_CACHE_S = registry.BINDINGS_CACHE_S
 BINDING_HEARTBEAT_S = 60.0  # a running app refreshes its bindings' last_seen this often (one UPDATE)
 log = logging.getLogger("engine.app")
 
@@ -93,7 +92,7 @@ class OkeApp:
         self.store: Store | None = None
         self.manifest: Manifest | None = None
         self._stop_requested = asyncio.Event()
-        self._bound_cache: dict[str, tuple[float, registry.Recorded]] = {}
+        self._recorded = BindingsCache(self._read_bindings)  # what other processes recorded
         self._http: HttpServer | None = None
         self._appender: LiveAppender | None = None
         self.hooks = RunHooks()  # this process's handler counters (metrics) and run spans (tracing)
@@ -156,6 +155,7 @@ class OkeApp:
                 background, self.background = self.background, None
                 if background is not None:
                     await background.close()  # the last history counts are written
+                await self._recorded.close()
             finally:
                 store, self.store = self.store, None
                 await store.close()
@@ -178,9 +178,12 @@ class OkeApp:
             return found
         raise TypeError(f"emit(): expected a signal or a signal name, got {type(target).__name__}")
 
+    async def _read_bindings(self, signal: str) -> registry.Recorded:
+        return await self._require_store().read(lambda conn: registry.recorded_flows(conn, signal))
+
     async def _flows_of(self, signal: Signal) -> list[str]:
         """Subscribers: this process's flows (or live exposures), else those other processes
-        recorded (cached briefly)."""
+        recorded (engine/bindings_cache.py)."""
         assert self.manifest is not None and self.store is not None
         if signal.kind == "live":
             local = [path for name, path, _kind in live_exposures(self.manifest) if name == signal.name]
@@ -188,12 +191,7 @@ class OkeApp:
             local = [f.name or "" for f in self.manifest.signal_flows.get(signal.name, [])]
         if local and signal.kind != "broadcast":
             return local
-        cached = self._bound_cache.get(signal.name)
-        if cached is not None and time.monotonic() - cached[0] < BINDINGS_CACHE_S:
-            recorded = cached[1]
-        else:
-            recorded = await self.store.read(lambda conn: registry.recorded_flows(conn, signal.name))
-            self._bound_cache[signal.name] = (time.monotonic(), recorded)
+        recorded = await self._recorded.get(signal.name)
         if signal.kind == "broadcast":  # copies for active bindings only, never for a retired one
             return sorted((set(local) | set(recorded.active)) - recorded.retired)
         return local or recorded.bound

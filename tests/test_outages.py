@@ -274,9 +274,9 @@ async def test_emit_while_down_raises_and_works_again_once_back(pg: PgCluster, p
     """Every emit path: once bound here (asyncpg pool), broadcast and once bound in another process (a
     SQLAlchemy read of the recorded bindings first), live (a SQLAlchemy write). Twice (a clean stop,
     then a crash), so replaced connections are exercised too."""
-    import engine.app
+    import engine.bindings_cache
 
-    monkeypatch.setattr(engine.app, "BINDINGS_CACHE_S", 0.0)  # read the bindings at every emit
+    monkeypatch.setattr(engine.bindings_cache, "BINDINGS_CACHE_S", 0.0)  # read the bindings at every emit
     jobs = signal.once("jobs")
     fanout = signal.broadcast("fanout")
     remote = signal.once("remote")
