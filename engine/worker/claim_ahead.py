@@ -79,7 +79,10 @@ class ClaimAhead(Running):
         share_s = self.runtime.lease_ms / 1000 * AHEAD_LEASE_SHARE
         try:
             while self.waiting:
-                due_in = self.waiting[0].renew_at - time.monotonic()
+                # The earliest of all, not the first batch's: a batch renewed just now stays first
+                # with its next renewal a share of a lease away, and one claimed a moment after it
+                # would wait that long past its own (a handler then started on 15 % of its lease).
+                due_in = min(w.renew_at for w in self.waiting) - time.monotonic()
                 if due_in > 0:
                     await asyncio.sleep(due_in)
                     continue
