@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import platform
 import signal
 import sqlite3
@@ -49,6 +50,10 @@ def parse_args():
     unknown = a.only - {"pg", "sqlite", "latency", "enqueue"}
     if unknown:
         ap.error(f"--only: unknown section(s) {', '.join(sorted(unknown))} (known: pg, sqlite, latency, enqueue)")
+    # every report names the peers' versions: say so before a run, not after it
+    missing = [m for m in ("procrastinate", "pgqueuer") if importlib.util.find_spec(m) is None]
+    if missing:
+        ap.error(f"the peers are not installed ({', '.join(missing)}): pip install -e '.[bench]'")
     return a
 
 
