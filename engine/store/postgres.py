@@ -189,9 +189,10 @@ class PostgresStore(Store):
         return holder
 
     async def paused_signals(self) -> frozenset[str]:
-        # On a hot connection in one statement: a worker reads this before its first claim after
-        # an idle spell, and through SQLAlchemy (checkout, BEGIN, SELECT, COMMIT) the read held
-        # that claim up by about 1.5 ms (emit -> handler p90 4.7 -> 3.0 ms, bench/ONCE.md).
+        # On a hot connection in one statement: a worker reads this before a claim after a pause
+        # notice (or, while its LISTEN connection is down, after an idle spell). Through SQLAlchemy
+        # (checkout, BEGIN, SELECT, COMMIT) the read held that claim up by about 1.5 ms
+        # (emit -> handler p90 4.7 -> 3.0 ms, bench/ONCE.md).
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
             rows = await conn.fetch(PAUSED_SIGNALS_SQL)
@@ -520,7 +521,7 @@ class _Listener:
         self.conn: asyncpg.Connection | None = None
         self.ready = asyncio.Event()
         # Extra channels (pauses, live tapes); CHANNEL itself wakes the workers.
-        self.pauses = PauseNotices()
+        self.pauses = PauseNotices(self.ready)
         self.channels: dict[str, Callable[[str], None]] = {PAUSE_CHANNEL: self._on_pause}
         self.listening: set[str] = set()
 
@@ -562,7 +563,6 @@ class _Listener:
                 await self.conn.add_listener(CHANNEL, self._on_notify)
                 self.listening = set()
                 await self._listen_channels()
-                self.pauses.live = True
                 self.ready.set()
                 backoff = 0.1
                 wake_local(self.url)  # notifications sent while we were away are gone: re-read
@@ -574,7 +574,6 @@ class _Listener:
             except Exception as err:  # the database is away: retry with back-off
                 log.warning("LISTEN connection failed (%s); retrying in %.1fs", err, backoff)
             finally:
-                self.pauses.live = False
                 self.ready.clear()
                 if self.conn is not None and not self.conn.is_closed():
                     self.conn.terminate()

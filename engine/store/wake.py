@@ -29,9 +29,13 @@ class PauseNotices:
     notice and every time the connection is made again (notices sent meanwhile are lost), and
     `live` says it listens now. A paused set read while live, with no move since, is current."""
 
-    def __init__(self) -> None:
+    def __init__(self, listening: asyncio.Event) -> None:
         self.epoch = 0
-        self.live = False
+        self._listening = listening  # the LISTEN connection's own "ready" event
+
+    @property
+    def live(self) -> bool:
+        return self._listening.is_set()
 
     def heard(self) -> None:
         self.epoch += 1
