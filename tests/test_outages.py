@@ -270,6 +270,32 @@ async def test_a_stop_during_an_outage_names_the_outcomes_it_gives_up_and_they_r
 
 
 @pytest.mark.postgres
+async def test_a_stop_during_an_outage_settles_what_finished_if_the_server_is_back_before_the_last_try(
+        pg: PgCluster, pg_db: str, caplog: pytest.LogCaptureFixture):
+    """The settler at stop waits 0.05, 0.1, … 3.2 s between tries (about 6.4 s in all) and gives up
+    only when the try after the longest wait fails too: a server back 4-5 s into the outage gets
+    every finished outcome, and nothing runs twice."""
+    rec = Recorder()
+    ns = list(range(4))
+    async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
+        ids = {n: await app.emit(rec.signal, {"n": n, "sleep": 1.0}) for n in ns}
+        runner = asyncio.create_task(app.run(concurrency=4))
+        await until(lambda: all(rec.started[n] for n in ns), 10, "handlers started")
+        with caplog.at_level(logging.ERROR, logger="engine.worker"):
+            async with pg_down(pg):
+                await until(lambda: all(rec.succeeded[n] for n in ns), 10, "handlers finished")
+                await app.stop()
+                await asyncio.sleep(4.0)  # past the try at 3.15 s, before the one at 6.35 s
+                assert not runner.done(), "the worker gave up before its last try"
+            await asyncio.wait_for(runner, 20)
+        rows = await fetch(app.database_url, "SELECT id, status, attempts FROM oke_messages")
+    assert not [r.getMessage() for r in caplog.records if "giving up settling" in r.getMessage()]
+    assert {mid: (status, attempts) for mid, status, attempts in rows} == \
+        {ids[n]: ("delivered", 1) for n in ns}
+    assert all(rec.started[n] == 1 for n in ns), rec.started
+
+
+@pytest.mark.postgres
 async def test_emit_while_down_raises_and_works_again_once_back(pg: PgCluster, pg_db: str, monkeypatch):
     """Every emit path: once bound here (asyncpg pool), broadcast and once bound in another process (a
     SQLAlchemy read of the recorded bindings first), live (a SQLAlchemy write). Twice (a clean stop,

@@ -44,23 +44,28 @@ class Settling(PoolState):
 
     async def _retry_settle_later(self, err: Exception, batch: list[Outcome], backoff: Backoff) -> bool:
         """Put `batch` back for the next settle and wait out the back-off; False when stopping and
-        the outage outlasts the back-off: every outcome still pending is then dropped, named in the
-        log once, and left to be reclaimed (another lane's settler may be waiting on the same ones)."""
-        log.warning("settle failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff.delay)
+        an attempt made after the longest wait failed too: every outcome still pending is then
+        dropped, named in the log once, and left to be reclaimed (another lane's settler may be
+        waiting on the same ones). Giving up only after a failed attempt, never after a wait, lets
+        a store that came back during the last wait take the outcomes."""
         self.pending_outcomes[:0] = batch
-        # retry when a claim gets through (the store is back) rather than sleeping out the
-        # back-off: an outcome left unsettled past its lease is re-run by the next claimer
-        await wait_any(self.store_back, timeout=backoff.delay)
-        backoff.grow()
         if self.stopping and backoff.exhausted:
             given_up, self.pending_outcomes = self.pending_outcomes, []
             if given_up:
                 log.error(
-                    "giving up settling %d outcomes at stop (%s); each runs again once its lease ends",
+                    "giving up settling %d outcomes at stop (%s): the store is still unavailable (%s: %s); "
+                    "each runs again once its lease ends",
                     len(given_up),
                     ", ".join(f"{o.claimed.id} attempt {o.claimed.attempts}" for o in given_up),
+                    type(err).__name__,
+                    err,
                 )
             return False
+        log.warning("settle failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff.delay)
+        # retry when a claim gets through (the store is back) rather than sleeping out the
+        # back-off: an outcome left unsettled past its lease is re-run by the next claimer
+        await wait_any(self.store_back, timeout=backoff.delay)
+        backoff.grow()
         return True
 
     def _end_settle(self) -> None:
