@@ -56,7 +56,7 @@ def median(values):
 
 
 def pct(values, q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 1] (same formula as the anchors)."""
+    """Linear-interpolated percentile, q in [0, 1] (the formula every peer's figures use)."""
     v = sorted(values)
     k = (len(v) - 1) * q
     f = int(k)
@@ -230,7 +230,7 @@ def proc_io_written() -> int:
 
 
 async def pg_prepare_table(dsn: str, table: str) -> None:
-    """What every PostgreSQL contender gets after its fill and before the clock: the anchors' reset."""
+    """What every PostgreSQL contender gets after its fill and before the clock: the same reset for all."""
     import asyncpg
 
     conn = await asyncpg.connect(dsn)

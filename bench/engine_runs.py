@@ -1,7 +1,7 @@
 """Engine throughput runs: PostgreSQL (one process, C handlers; or P processes), SQLite.
 
 Each run gets a fresh database (PostgreSQL) or file (SQLite), emits N messages through the public
-`app.emit` (untimed), gives the table the anchors' treatment (PostgreSQL: VACUUM ANALYZE +
+`app.emit` (untimed), gives the table every contender's treatment (PostgreSQL: VACUUM ANALYZE +
 CHECKPOINT; SQLite: wal_checkpoint(TRUNCATE)), then times `app.drain(concurrency=C)` — claim,
 decode, no-op async handler, settle — until nothing is eligible. Afterwards it checks
 delivered == N, sum(attempts) == N, max(attempts) == 1, and N succeeded rows in oke_runs.

@@ -1,4 +1,4 @@
-"""procrastinate 3.x doing the same work (shared/anchors/proc_bench.py, worker part).
+"""procrastinate 3.x doing the same work (the worker part of the peer figures' own script).
 
 PsycopgConnector (psycopg 3 + pool; procrastinate 3 has no asyncpg connector), its schema applied
 into its own database on the same server. Per run: TRUNCATE its tables, defer N no-op jobs with

@@ -1,4 +1,4 @@
-"""The latency peer: a raw LISTEN/NOTIFY worker (shared/anchors/latency_bench.py, notify mode).
+"""The latency peer: a raw LISTEN/NOTIFY worker (the peer figures' latency script, notify mode).
 
 Run as a child process by latency.py:  python bench/peers/raw_latency.py worker DSN
 The worker has a dedicated LISTEN connection setting an asyncio.Event (5 s fallback poll) and a

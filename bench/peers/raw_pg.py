@@ -1,4 +1,4 @@
-"""The ceiling on PostgreSQL: a raw asyncpg SKIP LOCKED claim loop (shared/anchors/pg_raw.py).
+"""The ceiling on PostgreSQL: a raw asyncpg SKIP LOCKED claim loop (the peer figures' raw asyncpg loop).
 
 `tasks` asyncio tasks, each with its own connection, loop: claim up to `batch` rows in one
 autocommit UPDATE … FOR UPDATE SKIP LOCKED … RETURNING, json.loads each payload and await a no-op

@@ -1,4 +1,4 @@
-"""The ceiling on SQLite: a raw stdlib sqlite3 claim loop (shared/anchors/sqlite_raw.py, "rewritten").
+"""The ceiling on SQLite: a raw stdlib sqlite3 claim loop (the peer figures' raw loop, its "rewritten" variant).
 
 One connection, journal_mode=WAL, busy_timeout 5 s, and every commit fsynced, as in the engine:
 either synchronous=FULL, or (own_sync) NORMAL + an fdatasync of the WAL after each COMMIT, which is
