@@ -235,6 +235,21 @@ async def test_workers_ride_out_a_postgres_stop(pg: PgCluster, pg_db: str, lease
         assert 999 not in rec.started
 
 
+@contextlib.asynccontextmanager
+async def _stopped_while_down(
+        pg: PgCluster, app: Any, rec: Recorder, ns: list[int], sleep_s: float) -> AsyncIterator[tuple[dict, asyncio.Task]]:
+    """One message per n, each handler sleeping `sleep_s`, a worker with a slot for each; once all
+    have started the server stops, and once all have finished the app is told to stop. The block
+    runs with the server still down (ids by n, the worker's task); it starts again after it."""
+    ids = {n: await app.emit(rec.signal, {"n": n, "sleep": sleep_s}) for n in ns}
+    runner = asyncio.create_task(app.run(concurrency=len(ns)))
+    await until(lambda: all(rec.started[n] for n in ns), 10, "handlers started")
+    async with pg_down(pg):
+        await until(lambda: all(rec.succeeded[n] for n in ns), 10, "handlers finished")
+        await app.stop()
+        yield ids, runner
+
+
 @pytest.mark.postgres
 async def test_a_stop_during_an_outage_names_the_outcomes_it_gives_up_and_they_run_again(
         pg: PgCluster, pg_db: str, caplog: pytest.LogCaptureFixture):
@@ -243,14 +258,9 @@ async def test_a_stop_during_an_outage_names_the_outcomes_it_gives_up_and_they_r
     once, after their leases end."""
     rec = Recorder()
     ns = list(range(4))
-    async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
-        ids = {n: await app.emit(rec.signal, {"n": n, "sleep": 2.0}) for n in ns}
-        runner = asyncio.create_task(app.run(concurrency=4))
-        await until(lambda: all(rec.started[n] for n in ns), 10, "handlers started")
-        with caplog.at_level(logging.ERROR, logger="engine.worker"):
-            async with pg_down(pg):
-                await until(lambda: all(rec.succeeded[n] for n in ns), 10, "handlers finished")
-                await app.stop()
+    with caplog.at_level(logging.ERROR, logger="engine.worker"):
+        async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
+            async with _stopped_while_down(pg, app, rec, ns, 2.0) as (ids, runner):
                 await asyncio.wait_for(runner, 20)
     given_up = [r.getMessage() for r in caplog.records if "giving up settling" in r.getMessage()]
     assert len(given_up) == 1, given_up
@@ -277,18 +287,13 @@ async def test_a_stop_during_an_outage_settles_what_finished_if_the_server_is_ba
     every finished outcome, and nothing runs twice."""
     rec = Recorder()
     ns = list(range(4))
-    async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
-        ids = {n: await app.emit(rec.signal, {"n": n, "sleep": 1.0}) for n in ns}
-        runner = asyncio.create_task(app.run(concurrency=4))
-        await until(lambda: all(rec.started[n] for n in ns), 10, "handlers started")
-        with caplog.at_level(logging.ERROR, logger="engine.worker"):
-            async with pg_down(pg):
-                await until(lambda: all(rec.succeeded[n] for n in ns), 10, "handlers finished")
-                await app.stop()
+    with caplog.at_level(logging.ERROR, logger="engine.worker"):
+        async with oke("shop", database_url=pg_db, lease_ms=1_500) as app:
+            async with _stopped_while_down(pg, app, rec, ns, 1.0) as (ids, runner):
                 await asyncio.sleep(4.0)  # past the try at 3.15 s, before the one at 6.35 s
                 assert not runner.done(), "the worker gave up before its last try"
             await asyncio.wait_for(runner, 20)
-        rows = await fetch(app.database_url, "SELECT id, status, attempts FROM oke_messages")
+            rows = await fetch(app.database_url, "SELECT id, status, attempts FROM oke_messages")
     assert not [r.getMessage() for r in caplog.records if "giving up settling" in r.getMessage()]
     assert {mid: (status, attempts) for mid, status, attempts in rows} == \
         {ids[n]: ("delivered", 1) for n in ns}
