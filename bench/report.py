@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from common import median
+from engine.store.sqlite import SqliteStore
+from engine.worker.claim_ahead import CLAIM_MAX
 
 CONCS = (1, 8, 32)
 
@@ -131,8 +133,9 @@ def pg_section(rec, n, reps):
 
 def sqlite_claim_batch(c: int) -> int:
     """The most a SQLite claim of C handlers asks for with fast handlers (engine/worker/claim_ahead.py:
-    up to 4 × C, at most 64): the raw loop is also run at that batch, beside the issue's batch C."""
-    return min(4 * c, 64)
+    up to CLAIM_MAX × C, at most the store's cap): the raw loop is also run at that batch, beside
+    the issue's batch C."""
+    return min(CLAIM_MAX * c, SqliteStore.claim_rows_max)
 
 
 def _faster_raw(rec, batch):
@@ -153,13 +156,13 @@ def sqlite_section(rec, n, reps):
     hdr = ["SQLite (WAL, every commit fsynced), msgs/s", *[f"C={c}" for c in CONCS]]
     delayed = rec.select(bench="sqlite_engine_delayed", concurrency=8)
     bare = {c: rec.select(bench="sqlite_engine_bare", concurrency=c) for c in CONCS}
-    L = [["okengine: C handlers (claims ≤ 4C, 64)", *[cell(eng[c]) for c in CONCS]],
+    L = [[f"okengine: C handlers (claims ≤ {CLAIM_MAX}C, {SqliteStore.claim_rows_max})", *[cell(eng[c]) for c in CONCS]],
          ["okengine: 50 % delayed mix (≤ 50 ms)", "—", cell(delayed), "—"],
          ["okengine: no history or worker heartbeats", "—", *[cell(bare[c]) for c in CONCS[1:]]],
          ["raw sqlite3: batch C, synchronous=FULL", *[cell(raw[c]) for c in CONCS]],
          ["raw sqlite3: batch C, NORMAL + fdatasync", *[cell(own[c]) for c in CONCS]],
          ["ours / faster raw", *[ratio(med(eng[c]), ceiling[c]) for c in CONCS]],
-         ["raw sqlite3 at the engine's largest claim (4C, ≤ 64), faster",
+         [f"raw sqlite3 at the engine's largest claim ({CLAIM_MAX}C, ≤ {SqliteStore.claim_rows_max}), faster",
           *[f"{at_claim[c]:.0f} (batch {sqlite_claim_batch(c)})" if at_claim[c] else "—" for c in CONCS]],
          ["ours / faster raw at that batch", *[ratio(med(eng[c]), at_claim[c]) for c in CONCS]],
          ["okengine mean claim | settle batch",

@@ -201,6 +201,7 @@ async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
         await app.emit_many(jobs, list(range(8_000)))
         await app.drain(concurrency=concurrency)
         prepared: list[str] = []
+        cap = app.store.claim_rows_max
         hot = app.store.hot
         held = [await hot.take() for _ in range(hot.open_count)]  # every hot connection, each once
         for conn in held:
@@ -210,6 +211,34 @@ async def test_a_worker_claiming_ahead_prepares_few_claim_statements(pg_url):
     assert limits, prepared
     assert all(n <= CLAIM_STEP or n % CLAIM_STEP == 0 for n in limits), limits
     assert max(limits) > concurrency, limits  # it did claim ahead
+    assert max(limits) <= cap == 64, limits
+
+
+async def test_on_sqlite_a_claim_ahead_asks_for_up_to_its_store_cap_of_128(sqlite_url):
+    """SQLite pays a writer transaction and its sync per claim whatever its size, so its cap is
+    twice PostgreSQL's: 32 fast handlers ask for claims above 64 rows, never above 128. The real
+    store runs every claim; the test only records the sizes asked for."""
+    jobs = signal.once("ca.sqlite_cap", retries=0)
+    on(jobs, flow("w.sqlite_cap", do=lambda payload, fx: None))
+    asked: list[int] = []
+    async with oke("t", database_url=sqlite_url) as app:
+        store = app.store
+
+        def recording(method: Any) -> Any:
+            async def call(*args: Any) -> Any:
+                asked.append(args[-1])  # the claim's limit
+                return await method(*args)
+
+            return call
+
+        store.claim = recording(store.claim)  # type: ignore[method-assign]
+        store.settle_and_claim = recording(store.settle_and_claim)  # type: ignore[method-assign]
+        await app.emit_many(jobs, list(range(8_000)))
+        await app.drain(concurrency=32)
+        rows = await fetch(sqlite_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
+    assert rows == [("delivered", 1, 8_000)]
+    assert store.claim_rows_max == 128
+    assert 64 < max(asked) <= 128, sorted(set(asked))
 
 
 async def test_an_outcome_is_settled_while_every_slot_is_taken_and_messages_wait_claimed_ahead(db_url):

@@ -199,6 +199,9 @@ class Store(abc.ABC):
     # writer thread anyway, so it keeps one.
     concurrent_claims: int = 1
 
+    # The most rows one claim asks for when a worker claims ahead (engine/worker/claim_ahead.py).
+    claim_rows_max: int = 64
+
     # True where settling and claiming in one transaction saves a commit without losing overlap:
     # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
     settles_with_claims: bool = False

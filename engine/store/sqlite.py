@@ -182,6 +182,11 @@ class SqliteStore(Store):
         return held
 
     settles_with_claims = True
+    # Every claim is one writer transaction with its WAL frames and sync, whatever its size, so a
+    # message pays less of it in a larger one: at 32 handlers claims of 128 instead of 64 drained
+    # 43,000 msgs/s against 38,500 (bench/ab.py, 4 ABBA pairs). 256 gave 9 % more again, but a
+    # longer writer transaction makes every emit of the process that meets it wait longer.
+    claim_rows_max = 128
 
     async def settle_and_claim(
         self, worker_id: str, outcomes: Sequence[Outcome], queues: Sequence[str], lease_ms: int, limit: int

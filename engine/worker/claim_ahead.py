@@ -16,16 +16,15 @@ from .state import Waiting, log
 AHEAD_LEASE_SHARE = 0.5
 # Fast handlers finish far more than `concurrency` messages while one claim is on the wire, and each
 # round trip costs the client more CPU than the handlers of a small batch. So a claim may ask for up
-# to CLAIM_MAX × concurrency messages (at most CLAIM_ROWS_MAX), and a worker may hold up to
-# AHEAD_MAX × concurrency (at most AHEAD_ROWS_MAX) beyond its running ones. Measured on PostgreSQL
-# (bench/ONCE.md): at 8 handlers caps of 1× and 1× gave 7,300 msgs/s at 64 µs of client CPU a
-# message, 4× and 6× gave 13,800 at 30 µs; at 32 handlers claims of 128 made the settles so large
-# that they held the rest up (10,400), claims of 64 gave 16,000. The price: a worker killed mid-run
-# leaves its claimed-ahead messages, too, to be reclaimed after their lease. On SQLite (one lane) a
-# claim's transaction and its WAL frames are the cost a message pays most of (bench/ONCE.md), so
-# larger claims pay there too: at 32 handlers claims of 64 instead of 32 gave about 8 % more.
+# to CLAIM_MAX × concurrency messages (at most the store's `claim_rows_max`), and a worker may hold
+# up to AHEAD_MAX × concurrency (at most AHEAD_ROWS_MAX) beyond its running ones. Measured on
+# PostgreSQL (bench/ONCE.md): at 8 handlers caps of 1× and 1× gave 7,300 msgs/s at 64 µs of client
+# CPU a message, 4× and 6× gave 13,800 at 30 µs; at 32 handlers claims of 128 made the settles so
+# large that they held the rest up (10,400), claims of 64 gave 16,000. On SQLite (one lane) a
+# claim's transaction and its WAL frames are the cost a message pays most of, so larger claims pay
+# there: at 32 handlers claims of 128 instead of 64 gave 12 % more (store/sqlite.py). The price: a
+# worker killed mid-run leaves its claimed-ahead messages, too, to be reclaimed after their lease.
 CLAIM_MAX = 4
-CLAIM_ROWS_MAX = 64
 AHEAD_MAX = 6
 AHEAD_ROWS_MAX = 128
 # Claims above this size ask for a multiple of it: PostgreSQL prepares one claim statement per size
@@ -40,9 +39,9 @@ class ClaimAhead(Running):
     def _claim_size(self) -> int:
         """How many messages the next claim asks for: the free slots, plus (claiming ahead) what the
         handlers should finish while the claim is on the wire; beyond `concurrency`, at most
-        CLAIM_MAX × `concurrency` and CLAIM_ROWS_MAX."""
+        CLAIM_MAX × `concurrency` and the store's `claim_rows_max`."""
         held = self.held + self.requested
-        most = max(self.concurrency, min(CLAIM_MAX * self.concurrency, CLAIM_ROWS_MAX))
+        most = max(self.concurrency, min(CLAIM_MAX * self.concurrency, self.store.claim_rows_max))
         size = min(most, self.concurrency + self._ahead() - held)
         return size if size <= CLAIM_STEP else size - size % CLAIM_STEP
 
