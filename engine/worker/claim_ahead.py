@@ -15,16 +15,16 @@ from .state import Waiting, log
 # soon after its handler starts. So a handler always starts with more than half its lease left.
 AHEAD_LEASE_SHARE = 0.5
 # Fast handlers finish far more than `concurrency` messages while one claim is on the wire, and each
-# round trip costs the client more CPU than the handlers of a small batch. So a claim may ask for up
-# to CLAIM_MAX × concurrency messages (at most the store's `claim_rows_max`), and a worker may hold
-# up to AHEAD_MAX × concurrency (at most AHEAD_ROWS_MAX) beyond its running ones. Measured on
-# PostgreSQL (bench/ONCE.md): at 8 handlers caps of 1× and 1× gave 7,300 msgs/s at 64 µs of client
-# CPU a message, 4× and 6× gave 13,800 at 30 µs; at 32 handlers claims of 128 made the settles so
-# large that they held the rest up (10,400), claims of 64 gave 16,000. On SQLite (one lane) a
-# claim's transaction and its WAL frames are the cost a message pays most of, so larger claims pay
-# there: at 32 handlers claims of 128 instead of 64 gave 12 % more (store/sqlite.py). The price: a
-# worker killed mid-run leaves its claimed-ahead messages, too, to be reclaimed after their lease.
-CLAIM_MAX = 4
+# round trip costs the client more CPU than the handlers of a small batch. So a worker may hold up
+# to AHEAD_MAX × concurrency (at most AHEAD_ROWS_MAX) beyond its running ones, and one claim may ask
+# for all of that (CLAIM_MAX × concurrency is more than the hold allows), at most the store's
+# `claim_rows_max`. Measured (bench/ONCE.md, bench/ab.py): on PostgreSQL at 8 handlers caps of 1×
+# and 1× gave 7,300 msgs/s at 64 µs of client CPU a message, 4× and 6× gave 13,800 at 30 µs; claims
+# of 8× instead of 4× gave 8 % more at 8 handlers, 39 % at 1 (on SQLite 10 % and 57 %); at 32
+# handlers claims of 128 rows gained nothing on PostgreSQL, and 12 % on SQLite (store/sqlite.py).
+# The hold is what bounds the cost: a worker killed mid-run leaves its claimed-ahead messages, too,
+# to be reclaimed after their lease.
+CLAIM_MAX = 8
 AHEAD_MAX = 6
 AHEAD_ROWS_MAX = 128
 # Claims above this size ask for a multiple of it: PostgreSQL prepares one claim statement per size
