@@ -23,6 +23,9 @@ MAX_DEPTH = 128
 # json.dumps expands a value that holds one big string or list many times; past this many times
 # the limit (a lower bound of the encoded size) the payload is refused without encoding it.
 _EXPANSION_GUARD = 8
+# Compact JSON, refusing NaN and infinities. One encoder for every emit: json.dumps with options
+# builds a new one per call, which an emit after an idle spell pays with cold caches (bench/ONCE.md).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _schema_failure(signal: Signal, detail: str) -> OkeError:
@@ -70,16 +73,17 @@ def encode(signal: Signal, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         where = "payload" + "".join(steps if len(steps) <= 8 else steps[:6] + ["…"] + steps[-1:])
         raise _schema_failure(signal, err.detail.replace("{where}", where)) from None
     try:
-        text = json.dumps(checked, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(checked)
     except (TypeError, ValueError, RecursionError) as err:
         raise _schema_failure(signal, f"payload is not JSON-serializable ({type(err).__name__}: {err})") from err
-    size = len(text.encode("utf-8", errors="surrogatepass"))
+    size = len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
     if size > max_bytes:
         raise _schema_failure(signal, f"payload is {size} bytes; the limit is {max_bytes} bytes")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise _schema_failure(signal, f"payload holds a lone surrogate character ({err.reason})") from err
+    if size != len(text):  # not ASCII: it may hold a lone surrogate, which UTF-8 cannot carry
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise _schema_failure(signal, f"payload holds a lone surrogate character ({err.reason})") from err
     return text
 
 
@@ -105,6 +109,12 @@ def _check_tree(value: Any, max_bytes: int) -> None:
       expand without bound in json.dumps, so past _EXPANSION_GUARD times the limit it stops here.
     Anything else (numbers, NaN, sets, objects) is left to json.dumps and its own messages.
     """
+    if type(value) is dict:  # the common payload, an object of small scalars: nothing to refuse
+        for key, item in value.items():
+            if type(key) is not str or isinstance(item, _CONTAINERS) or (type(item) is str and len(item) > max_bytes):
+                break
+        else:
+            return
     if isinstance(value, _CONTAINERS):
         _TreeWalk(max_bytes).walk(value, 0)
 

@@ -41,16 +41,38 @@ def test_ids_are_unique_and_sort_by_creation():
     assert len(set(stamps)) >= 10  # spans many milliseconds, each rendered alike
 
 
-def test_each_millisecond_counts_from_its_own_random_start():
-    firsts: dict[str, int] = {}
+def test_a_process_counts_on_across_milliseconds_from_a_random_start():
+    made = []
     for _ in range(40):
-        made = new_id("run_")
-        firsts.setdefault(made[4:14], decode(made[14:]))
+        made.append(new_id("run_"))
         time.sleep(0.0015)
-    starts = sorted(firsts.values())
-    assert len(starts) >= 20 and len(set(starts)) == len(starts)
-    assert starts[-1] - starts[0] > 2 ** 70  # spread over the range, not one counter run on
-    assert all(v < 2 ** 80 for v in starts)
+    assert len({m[4:14] for m in made}) >= 20  # many milliseconds
+    noise = [decode(m[14:]) for m in made]
+    # One counter: each id's noise is above the one before, whatever its millisecond, so ids made
+    # in a row sort in the order they were made even when the clock's millisecond repeats.
+    assert noise == sorted(noise) and len(set(noise)) == len(noise)
+    assert noise[-1] - noise[0] == len(noise) - 1  # counted up by one an id, nothing drawn afresh
+    assert all(v < 2 ** 80 for v in noise)
+
+
+def test_processes_start_their_counters_far_apart():
+    starts = set()
+    for _ in range(8):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(write, new_id()[10:].encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            starts.add(decode(pipe.read()))
+        os.waitpid(pid, 0)
+    assert len(starts) == 8
+    ordered = sorted(starts)
+    # random starts over [0, 2**79 + 2**78): eight of them are never within 2**50 of each other (odds of a miss: about 1 in 10 million)
+    assert min(b - a for a, b in zip(ordered, ordered[1:])) > 2 ** 50
 
 
 def test_threads_making_ids_in_one_millisecond_never_share_one():
@@ -71,13 +93,13 @@ def test_threads_making_ids_in_one_millisecond_never_share_one():
 
 
 def test_a_forked_child_does_not_count_on_from_its_parent():
-    new_id()  # the parent has a millisecond under way
-    parent_state = ids._current
+    new_id()  # the parent's counter is under way
+    parent_counter = ids._noise
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report what it starts from, and one id
         try:
-            fresh = ids._current is not parent_state and ids._current.ms == -1
+            fresh = ids._noise is not parent_counter
             os.write(write, f"{int(fresh)} {new_id()}".encode())
         finally:
             os._exit(0)
