@@ -76,10 +76,11 @@ def encode(signal: Signal, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
         text = _ENCODER.encode(checked)
     except (TypeError, ValueError, RecursionError) as err:
         raise _schema_failure(signal, f"payload is not JSON-serializable ({type(err).__name__}: {err})") from err
-    size = len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+    ascii_only = text.isascii()
+    size = len(text) if ascii_only else len(text.encode("utf-8", errors="surrogatepass"))
     if size > max_bytes:
         raise _schema_failure(signal, f"payload is {size} bytes; the limit is {max_bytes} bytes")
-    if size != len(text):  # not ASCII: it may hold a lone surrogate, which UTF-8 cannot carry
+    if not ascii_only:  # it may hold a lone surrogate, which UTF-8 cannot carry
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:
@@ -109,10 +110,15 @@ def _check_tree(value: Any, max_bytes: int) -> None:
       expand without bound in json.dumps, so past _EXPANSION_GUARD times the limit it stops here.
     Anything else (numbers, NaN, sets, objects) is left to json.dumps and its own messages.
     """
-    if type(value) is dict:  # the common payload, an object of small scalars: nothing to refuse
+    if type(value) is dict:  # the common payload: an object of scalars whose text fits the limit
+        text = 0  # one string under many keys expands in json.dumps: the walk below counts that
         for key, item in value.items():
-            if type(key) is not str or isinstance(item, _CONTAINERS) or (type(item) is str and len(item) > max_bytes):
+            if type(key) is not str or isinstance(item, _CONTAINERS):
                 break
+            if isinstance(item, str):
+                text += len(item)
+                if text > max_bytes:
+                    break
         else:
             return
     if isinstance(value, _CONTAINERS):

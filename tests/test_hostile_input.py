@@ -408,6 +408,9 @@ async def test_a_value_shared_many_times_counts_wherever_it_appears(shop):
         await shop.emit("jobs", {"a": shared, "b": deeper})
     with pytest.raises(OkeError, match="the limit is 1048576 bytes"):
         await shop.emit("jobs", [["z" * 1000] * 100] * 100)  # 10 MB once expanded
+    # one string under many keys of a flat object: refused by the count, before it is encoded
+    with pytest.raises(OkeError, match="payload is more than 8388608 bytes; the limit is 1048576 bytes"):
+        await shop.emit("jobs", {f"k{i}": "z" * 1000 for i in range(10_000)})
     await shop.drain()
 
 
