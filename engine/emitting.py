@@ -135,7 +135,7 @@ def emit_options(
     signal: Signal, delay: object, at: object, dedupe: object, priority: object, what: str = "emit"
 ) -> EmitOptions:
     """The checked time and order options of one emit (TypeError / ValueError before any write)."""
-    if delay is None and at is None and dedupe is None and priority == 0 and type(priority) is int:
+    if delay is None and at is None and dedupe is None and type(priority) is int and priority == 0:
         return PLAIN  # no option: nothing to check (an idle emit runs this code cold, bench/ONCE.md)
     label = f'{what}("{signal.name}")'
     schedule = schedule_of(label, delay, at)

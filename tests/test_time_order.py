@@ -358,6 +358,15 @@ async def test_without_backoff_a_failed_delayed_message_is_due_again_at_once(db_
 NAIVE = datetime.datetime(2030, 1, 1)
 
 
+class _Uncomparable:
+    """A priority whose == raises, as an array's truth value does: checked by type before value."""
+
+    def __eq__(self, other):
+        raise RuntimeError("not comparable")
+
+    __hash__ = object.__hash__
+
+
 @pytest.mark.parametrize(
     "options, error, words",
     [
@@ -372,6 +381,9 @@ NAIVE = datetime.datetime(2030, 1, 1)
         ({"at": -5}, ValueError, "between"),
         ({"priority": 1.5}, TypeError, "int"),
         ({"priority": True}, TypeError, "int"),
+        ({"priority": False}, TypeError, "int"),
+        ({"priority": 0.0}, TypeError, "int"),
+        ({"priority": _Uncomparable()}, TypeError, "int"),
         ({"priority": 2**40}, ValueError, "between"),
         ({"dedupe": 7}, TypeError, "string"),
         ({"dedupe": ""}, ValueError, "1 to"),
