@@ -1,6 +1,7 @@
 """Before/after: the once throughput of two or more engine revisions, alternating, on this machine.
 
     python bench/ab.py before=5d728f4 after=HEAD [--stores pg:8,sqlite:32] [--reps 3] [--messages 20000]
+                       [--locale en_US.UTF-8]
 
 Each side is `NAME=REV` (any git revision, `NAME=.` for the working tree's engine/, or a directory
 that holds an `engine/` package, e.g. a variant being measured). Each
@@ -39,6 +40,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stores", default="pg:8,sqlite:32", help="store:handlers, comma separated")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--locale", help="the cluster's locale (initdb --locale), e.g. en_US.UTF-8; default C")
     p.add_argument("--out", default=str(BENCH / "results" / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
     a = p.parse_args()
     a.sides = [tuple(s.split("=", 1)) for s in a.sides]
@@ -97,7 +99,7 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="oke-ab-"))
     roots = {name: export_engine(rev, scratch / name) for name, rev in a.sides}
     names = [name for name, _ in a.sides]
-    cluster = PgCluster(use_env=False)
+    cluster = PgCluster(use_env=False, locale=a.locale)
     cluster.start()
     records: list[dict] = []
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

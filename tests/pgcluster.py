@@ -194,6 +194,7 @@ class PgCluster:
         max_connections: int = 300,
         settings: dict[str, object] | None = None,
         netns: str | None = None,
+        locale: str | None = None,
     ) -> None:
         if external_dsn is None and use_env:
             external_dsn = os.environ.get(ENV_DSN) or None
@@ -204,6 +205,8 @@ class PgCluster:
         # Run the server inside this network namespace (`ip netns exec`); it listens where settings'
         # listen_addresses say, and this process reaches it through its Unix socket.
         self.netns = netns
+        # initdb's --locale (the databases' default collation); None: --no-locale, bytewise "C"
+        self.locale = locale
         self.base_dir: str | None = None  # temp dir: socket, server log, data/
         self.data_dir: str | None = None
         self.log_path: str | None = None
@@ -383,7 +386,7 @@ class PgCluster:
     def _initdb(self) -> None:
         r = self._exec(
             [os.path.join(self.bin_dir, "initdb"), "-D", self.data_dir, "-U", "postgres",
-             "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"],
+             "--auth=trust", "-E", "UTF8", f"--locale={self.locale}" if self.locale else "--no-locale", "--no-sync"],
             timeout=180,
         )
         if r.returncode != 0:

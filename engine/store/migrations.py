@@ -50,3 +50,20 @@ def add_message_timing(conn: Connection) -> None:
     conn.execute(text("DROP INDEX IF EXISTS oke_messages_ready"))
     for index in schema.TIME_INDEXES:
         index.create(conn, checkfirst=True)
+
+
+def collate_names_bytewise(conn: Connection) -> None:
+    """4 -> 5: on PostgreSQL, every name, id and status column (schema.Name) collates "C", one
+    ALTER TABLE a table: no table is rewritten, the indexes on those columns are rebuilt (on a
+    large store this step takes as long as building them). SQLite compares them bytewise already."""
+    if conn.dialect.name != "postgresql":
+        return
+    quote = conn.dialect.identifier_preparer.quote
+    for table in schema.metadata.sorted_tables:
+        alters = []
+        for column in table.columns:
+            ddl = column.type.compile(dialect=conn.dialect)
+            if ddl.endswith('COLLATE "C"'):
+                alters.append(f"ALTER COLUMN {quote(column.name)} TYPE {ddl}")
+        if alters:
+            conn.execute(text(f"ALTER TABLE {table.name} {', '.join(alters)}"))
