@@ -50,12 +50,11 @@ def _name_columns() -> dict[str, list[str]]:
     """table -> the columns the schema declares as names (collated "C" on PostgreSQL)."""
     from sqlalchemy.dialects import postgresql
 
-    found: dict[str, list[str]] = {}
-    for table in schema_mod.metadata.sorted_tables:
-        for column in table.columns:
-            if column.type.compile(dialect=postgresql.dialect()).endswith('COLLATE "C"'):
-                found.setdefault(table.name, []).append(column.name)
-    return found
+    return {
+        table.name: [c.name for c in columns]
+        for table in schema_mod.metadata.sorted_tables
+        if (columns := schema_mod.name_columns(table, postgresql.dialect()))
+    }
 
 
 def _collations(conn) -> dict[tuple[str, str], str]:

@@ -60,10 +60,9 @@ def collate_names_bytewise(conn: Connection) -> None:
         return
     quote = conn.dialect.identifier_preparer.quote
     for table in schema.metadata.sorted_tables:
-        alters = []
-        for column in table.columns:
-            ddl = column.type.compile(dialect=conn.dialect)
-            if ddl.endswith('COLLATE "C"'):
-                alters.append(f"ALTER COLUMN {quote(column.name)} TYPE {ddl}")
+        alters = [
+            f"ALTER COLUMN {quote(c.name)} TYPE {c.type.compile(dialect=conn.dialect)}"
+            for c in schema.name_columns(table, conn.dialect)
+        ]
         if alters:
             conn.execute(text(f"ALTER TABLE {table.name} {', '.join(alters)}"))

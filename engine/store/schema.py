@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, MetaData, String, Table, Text, text
+from sqlalchemy.engine import Dialect
 
 # 2: per-status message counters kept by triggers (store/counts.py)
 # 3: bindings' last_seen / ttl_ms / retired_at (binding_ttl, unbind) and each signal's JSON Schema
@@ -33,6 +34,12 @@ def Name(length: int | None = None) -> Any:
     search folds their case with it, and sorts keys by it."""
     plain = String(length) if length else Text()
     return plain.with_variant(String(length, collation="C") if length else Text(collation="C"), "postgresql")
+
+
+def name_columns(table: Table, postgres: Dialect) -> list[Column[Any]]:
+    """The columns of `table` made with `Name` (what schema 5 collated "C" on PostgreSQL), as
+    `postgres`, a PostgreSQL dialect, spells their types."""
+    return [c for c in table.columns if c.type.compile(dialect=postgres).endswith('COLLATE "C"')]
 
 
 # An auto-increment 64-bit key; on SQLite it must be INTEGER to alias the rowid.
