@@ -162,33 +162,61 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return round(os.cpu_count() * busy / total, 2) if total else 0.0
 
 
+PROBE_ROUNDS = 3
+PROBE_ITEMS = 2_000
+
+
+def speed_probe_ms() -> float:
+    """Milliseconds a fixed pure-Python workload (encode, decode and sort 2,000 small dicts) takes
+    now, the best of 3. On a shared VM the same drain's client CPU moved by 1.6x between two
+    minutes with nothing else running (bench/ONCE.md); timed before and after each run, this tells
+    a run on a slow CPU from a slow revision."""
+    best = float("inf")
+    for _ in range(PROBE_ROUNDS):
+        t0 = time.perf_counter()
+        rows = [json.loads(json.dumps({"n": i, "body": PAYLOAD_BODY, "k": str(i)})) for i in range(PROBE_ITEMS)]
+        rows.sort(key=lambda r: r["k"])
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
 class Window:
     """The timed window of one run: wall, this process's CPU, the PostgreSQL server's CPU, and
     how busy the whole machine was — `foreign_cores` is CPU used by anything else (other
-    programs on a shared box), in cores; near 0 means the numbers are clean."""
+    programs on a shared box), in cores; near 0 means the numbers are clean. `speed_probe_ms` is
+    `speed_probe_ms()` just before and just after the window, averaged (outside the timing)."""
 
     def __init__(self, data_dir: str | None = None) -> None:
         self.server = ServerCpu(data_dir) if data_dir else None
 
     def start(self) -> "Window":
+        self.probe0 = speed_probe_ms()
         self.s0 = self.server.snapshot() if self.server else {}
         self.m0 = machine_busy()
         self.cpu0, self.t0 = time.process_time(), time.perf_counter()
         return self
 
-    def stop(self) -> "Window":
+    def stop(self, probe: bool = True) -> "Window":
+        """End the timing; `probe=False` leaves the closing probe to `probe_end()`, for a caller
+        whose worker processes still exit right after the window (they would slow the probe)."""
         self.wall = time.perf_counter() - self.t0
         self.cpu = time.process_time() - self.cpu0
         self.cores = busy_share(self.m0, machine_busy())
         self.server_cpu = ServerCpu.delta(self.s0, self.server.snapshot()) if self.server else None
+        if probe:
+            self.probe_end()
         return self
+
+    def probe_end(self) -> None:
+        self.probe = (self.probe0 + speed_probe_ms()) / 2
 
     def fields(self, n: int, wall: float | None = None, client_cpu: float | None = None) -> dict:
         wall = self.wall if wall is None else wall
         cpu = self.cpu if client_cpu is None else client_cpu
         ours = cpu + (self.server_cpu or 0.0)
         out = {"wall_s": round(wall, 4), "msgs_per_s": round(n / wall, 1), "client_cpu_s": round(cpu, 3),
-               "cores_busy": self.cores, "foreign_cores": round(max(0.0, self.cores - ours / wall), 2)}
+               "cores_busy": self.cores, "foreign_cores": round(max(0.0, self.cores - ours / wall), 2),
+               "speed_probe_ms": round(self.probe, 3)}
         if self.server_cpu is not None:
             out["server_cpu_s"] = self.server_cpu
         return out

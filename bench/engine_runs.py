@@ -96,11 +96,12 @@ async def pg_multi(cluster, n: int, processes: int, concurrency: int) -> dict:
         for p in procs:
             await p.stdin.drain()
         done = [json.loads(await _expect(p, "DONE", 600)) for p in procs]
-        win.stop()
+        win.stop(probe=False)
         wal = wal_fields(wal0, await pg_wal(dsn), n)
         for p in procs:
             p.stdin.close()
             await p.wait()
+        win.probe_end()  # once the workers are gone
         wall = max(d["t_end"] for d in done) - t0
         chk, ok = await verify_pg(dsn, n)
     finally:

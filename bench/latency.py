@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 
-from common import BENCH_DIR, payload, pct
+from common import BENCH_DIR, payload, pct, speed_probe_ms
 from engine_app import declare, make_app, verify_pg
 from peers import raw_latency
 
@@ -45,7 +45,9 @@ async def emit_and_hear(proc, emit, i: int) -> tuple[float, float]:
     return (float(line[2]) - t_emit) * 1e3, (t_emitted - t_emit) * 1e3
 
 
-async def _measure(proc, emit, n: int, seed: int) -> tuple[list[float], list[float]]:
+async def _measure(proc, emit, n: int, seed: int) -> tuple[list[float], list[float], float]:
+    """The latencies, the emit calls, and the CPU speed probe around them (common.speed_probe_ms)."""
+    probe0 = speed_probe_ms()
     rnd = random.Random(seed)
     lat, call = [], []
     for i in range(-WARMUP, n):
@@ -54,7 +56,7 @@ async def _measure(proc, emit, n: int, seed: int) -> tuple[list[float], list[flo
         if i >= 0:
             lat.append(latency)
             call.append(emit_call)
-    return lat, call
+    return lat, call, (probe0 + speed_probe_ms()) / 2
 
 
 async def stop_worker(proc) -> None:
@@ -67,8 +69,8 @@ async def stop_worker(proc) -> None:
             await proc.wait()
 
 
-def _summary(bench: str, lat: list[float], call: list[float], n: int) -> dict:
-    return {"bench": bench, "messages": n, "p50_ms": round(pct(lat, 0.5), 3),
+def _summary(bench: str, lat: list[float], call: list[float], probe: float, n: int) -> dict:
+    return {"bench": bench, "messages": n, "speed_probe_ms": round(probe, 3), "p50_ms": round(pct(lat, 0.5), 3),
             "p90_ms": round(pct(lat, 0.9), 3), "p99_ms": round(pct(lat, 0.99), 3),
             "max_ms": round(max(lat), 3), "min_ms": round(min(lat), 3),
             "mean_ms": round(statistics.mean(lat), 3), "emit_call_p50_ms": round(pct(call, 0.5), 3),
@@ -83,7 +85,7 @@ async def engine_latency(cluster, n: int, seed: int) -> dict:
         sig = declare()
         async with make_app(url, name="bench-producer") as app:
             proc = await start_worker([str(BENCH_DIR / "engine_worker.py"), "serve", url, str(WORKER_CONCURRENCY)])
-            lat, call = await _measure(proc, lambda v: app.emit(sig, v), n, seed)
+            lat, call, probe = await _measure(proc, lambda v: app.emit(sig, v), n, seed)
             await stop_worker(proc)
         chk, ok = await verify_pg(cluster.dsn(db), n + WARMUP)
     finally:
@@ -91,7 +93,7 @@ async def engine_latency(cluster, n: int, seed: int) -> dict:
             proc.kill()
             await proc.wait()
         cluster.drop_database(db)
-    return {**_summary("latency_engine", lat, call, n), "worker_concurrency": WORKER_CONCURRENCY,
+    return {**_summary("latency_engine", lat, call, probe, n), "worker_concurrency": WORKER_CONCURRENCY,
             "verified": ok, "check": chk}
 
 
@@ -101,7 +103,7 @@ async def raw_latency_run(cluster, dsn: str, n: int, seed: int) -> dict:
     proc = None
     try:
         proc = await start_worker([str(BENCH_DIR / "peers" / "raw_latency.py"), "worker", dsn])
-        lat, call = await _measure(proc, emitter.emit, n, seed)
+        lat, call, probe = await _measure(proc, emitter.emit, n, seed)
         await stop_worker(proc)
         chk, ok = await emitter.verify(n + WARMUP)
     finally:
@@ -109,4 +111,4 @@ async def raw_latency_run(cluster, dsn: str, n: int, seed: int) -> dict:
             proc.kill()
             await proc.wait()
         await emitter.close()
-    return {**_summary("latency_raw_notify", lat, call, n), "verified": ok, "check": chk}
+    return {**_summary("latency_raw_notify", lat, call, probe, n), "verified": ok, "check": chk}

@@ -35,6 +35,12 @@ def per_msg_us(rows, key) -> str:
     return f"{median(v):.0f}" if v else "—"
 
 
+def probe(rows) -> str:
+    """The median CPU speed probe around these runs (common.speed_probe_ms; lower is faster)."""
+    v = med(rows, "speed_probe_ms")
+    return f"{v:.2f}" if v is not None else "—"
+
+
 def _table(title: str, header: list[str], lines: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     fmt = lambda row: "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
@@ -98,6 +104,8 @@ def pg_section(rec, n, reps):
         ["server CPU µs/msg: ours | procr. | raw C×C",
          *[f"{per_msg_us(eng[c], 'server_cpu_s')} | {per_msg_us(proc[c], 'server_cpu_s')} | "
            f"{per_msg_us(raw(c, c), 'server_cpu_s')}" for c in CONCS]],
+        ["CPU speed probe, ms: ours | procr. | raw C×C",
+         *[f"{probe(eng[c])} | {probe(proc[c])} | {probe(raw(c, c))}" for c in CONCS]],
     ]
     out = _table(f"\n1. PostgreSQL once throughput — {n:,} msgs, no-op async handler, "
                  f"median (min–max) of {reps}", hdr, L)
@@ -171,7 +179,8 @@ def sqlite_section(rec, n, reps):
          ["process CPU µs/msg: ours | raw FULL",
           *[f"{per_msg_us(eng[c], 'client_cpu_s')} | {per_msg_us(raw[c], 'client_cpu_s')}" for c in CONCS]],
          ["bytes written/msg: ours | raw FULL",
-          *[f"{cell(eng[c], 'written_bytes_per_msg')} | {cell(raw[c], 'written_bytes_per_msg')}" for c in CONCS]]]
+          *[f"{cell(eng[c], 'written_bytes_per_msg')} | {cell(raw[c], 'written_bytes_per_msg')}" for c in CONCS]],
+         ["CPU speed probe, ms: ours | raw FULL", *[f"{probe(eng[c])} | {probe(raw[c])}" for c in CONCS]]]
     out = _table(f"\n2. SQLite once throughput — {n:,} msgs, median (min–max) of {reps}", hdr, L)
     floors = []
     for c in CONCS:
@@ -190,12 +199,12 @@ def sqlite_section(rec, n, reps):
 def latency_section(rec, samples, reps):
     eng, raw = rec.select(bench="latency_engine"), rec.select(bench="latency_raw_notify")
     f = "{:.2f}"
-    hdr = ["emit → handler start, ms", "p50", "p90", "p99", "max", "emit call p50"]
-    L = [[name, *[cell(rows, k, f) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")]]
+    hdr = ["emit → handler start, ms", "p50", "p90", "p99", "max", "emit call p50", "CPU speed probe"]
+    L = [[name, *[cell(rows, k, f) for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")], probe(rows)]
          for name, rows in (("okengine (app.emit → app.run worker)", eng),
                             ("raw LISTEN/NOTIFY loop", raw))]
     L.append(["ours / raw", *[ratio(med(eng, k), med(raw, k))
-                              for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")]])
+                              for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "emit_call_p50_ms")], ""])
     out = _table(f"\n3. PostgreSQL emit → handler-start latency — {samples} single emits, random 0–100 ms "
                  f"gaps, idle worker in another process; median (min–max) of {reps}", hdr, L)
     floors = []
@@ -241,7 +250,7 @@ def load_note(rows) -> str:
     """How clean the machine was: CPU used by other programs during the timed windows."""
     f = [r["foreign_cores"] for r in rows if r.get("foreign_cores") is not None]
     if not f:
-        return ""
+        return speed_note(rows)
     busy = sorted(f)
     dirty = [r for r in rows if (r.get("foreign_cores") or 0) > 0.25]
     text = (f"\nOther load during the timed windows (CPU not used by the benchmark or its PostgreSQL): "
@@ -250,4 +259,26 @@ def load_note(rows) -> str:
         text += (f"\nWARNING: {len(dirty)} of {len(f)} runs shared the machine with > 0.25 cores of other work: "
                  + ", ".join(f"{r['label']} rep {r['rep']} ({r['foreign_cores']:.2f})" for r in dirty[:12])
                  + (" …" if len(dirty) > 12 else ""))
+    return text + speed_note(rows)
+
+
+SLOW_PROBE = 1.2  # a run whose probe took this many times the median ran on a slower CPU
+
+
+def speed_note(rows) -> str:
+    """How fast the CPU ran around each run (common.speed_probe_ms): the runs of one cell spread
+    with it, and a ratio to a peer is only as good as the two runs' probes agree."""
+    probed = [r for r in rows if r.get("speed_probe_ms") is not None]
+    if not probed:
+        return ""
+    probes = sorted(r["speed_probe_ms"] for r in probed)
+    mid = median(probes)
+    slow = [r for r in probed if r["speed_probe_ms"] > SLOW_PROBE * mid]
+    text = (f"\nCPU speed probe (a fixed Python workload timed around each run): median {mid:.2f} ms, "
+            f"{probes[0]:.2f}–{probes[-1]:.2f}")
+    if slow:
+        text += (f"\nWARNING: {len(slow)} of {len(probed)} runs had a probe over {SLOW_PROBE}× the median "
+                 "(the CPU ran slower; compare their cells with care): "
+                 + ", ".join(f"{r['label']} rep {r['rep']} ({r['speed_probe_ms']:.2f})" for r in slow[:12])
+                 + (" …" if len(slow) > 12 else ""))
     return text
