@@ -223,6 +223,27 @@ class Store(abc.ABC):
         its workers re-read the paused set every PAUSE_REFRESH_S)."""
         return None
 
+    # Where an emit may hand its message straight to an idle worker of any process, which then
+    # skips its claim (PostgreSQL: engine/store/sql/handoff.py). Elsewhere the methods below do nothing.
+    hands_off: bool = False
+
+    def on_handed(self, worker_id: str, take: Callable[[int], None]) -> Callable[[], None]:
+        """Call `take(seq)` for each message handed to this worker; returns the unsubscribe."""
+        return lambda: None
+
+    async def offer_idle(self, worker_id: str, queues: Sequence[str], lease_ms: int, hold_ms: int) -> bool:
+        """Offer this idle worker to emits of `queues` for `hold_ms`, under leases of `lease_ms`;
+        False where it is not offered (the store hands nothing off, or could not tell it now)."""
+        return False
+
+    async def withdraw_idle(self, worker_id: str) -> None:
+        """Take this worker's offer back: no emit hands it anything after this returns."""
+        return None
+
+    async def handed(self, worker_id: str, seq: int) -> list[Claimed]:
+        """The message `seq` handed to this worker, as a claim returns it; [] if it holds it no more."""
+        return []
+
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         """Run a held lease again from now, fenced like a settle. A message claimed ahead that
         waited long for a slot starts on a whole lease; False if this worker lost it meanwhile."""

@@ -35,10 +35,10 @@ from .sql.enqueue import (
     ENQUEUE_CHUNK,
     POSTGRES_HOLDER,
     POSTGRES_INSERT,
-    POSTGRES_INSERT_ONE,
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
 )
+from .sql.handoff import EMIT_ONE, HANDED, IDLE_WORKERS_DDL, OFFER, TAKE_CHANNEL, WITHDRAW, take_notice
 from .sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import PauseNotices, Waker, tape_topic, wake_local, wake_tapes
@@ -90,6 +90,7 @@ class PostgresStore(Store):
         self.sa: AsyncEngine | None = None
         self.hot: HotConnections | None = None
         self._listener: _Listener | None = None
+        self._takers: dict[str, Callable[[int], None]] = {}  # worker id -> its pool's take (on_handed)
         self._compacted_at = 0.0
         self._compacting: asyncio.Task[None] | None = None
         self.tally = HistoryTally()
@@ -162,9 +163,9 @@ class PostgresStore(Store):
         check_keys(rows)
         async with self.hot.connection() as conn:
             if len(rows) == 1 and rows[0].plain and rows[0].key is None:  # the common emit: one statement
-                r = rows[0]
+                r = rows[0]  # handed to an idle worker, or pending (sql/handoff.py)
                 await conn.execute(
-                    POSTGRES_INSERT_ONE, r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries,
+                    EMIT_ONE, r.id, r.signal, r.queue, r.flow, r.key, r.payload, r.retries,
                     r.dead_letter, r.created_at, r.parent_run_id, r.traceparent,
                 )  # fmt: skip
                 holder = None
@@ -251,16 +252,51 @@ class PostgresStore(Store):
 
     def tape_waker(self, signal: str) -> Waker:
         """Woken by this process's appends and, through LISTEN oke_tape, by other processes'."""
-        listener = self._ensure_listener()
-        if TAPE_CHANNEL not in listener.channels:
-            listener.channels[TAPE_CHANNEL] = self._on_tape_notice
-            if listener.conn is not None:
-                asyncio.get_running_loop().create_task(listener._listen_channels())
+        self._ensure_listener().listen_soon(TAPE_CHANNEL, self._on_tape_notice)
         return Waker(self.url, tape_topic(signal))
 
     def pause_notices(self) -> PauseNotices | None:
         """Heard on the workers' LISTEN connection, once a waker started it."""
         return None if self._listener is None else self._listener.pauses
+
+    hands_off = True
+
+    def on_handed(self, worker_id: str, take: Callable[[int], None]) -> Callable[[], None]:
+        # This store's own listener and takers: two apps on one database in one process each hear
+        # every notice, and only the one whose worker it names may take it.
+        self._ensure_listener().listen_soon(TAKE_CHANNEL, self._on_take_notice)
+        self._takers[worker_id] = take
+
+        def forget() -> None:
+            if self._takers.get(worker_id) is take:
+                del self._takers[worker_id]
+
+        return forget
+
+    def _on_take_notice(self, payload: str) -> None:
+        notice = take_notice(payload)  # "" when the connection came back: nothing to take then
+        if notice is not None and (take := self._takers.get(notice[0])) is not None:
+            take(notice[1])
+
+    async def offer_idle(self, worker_id: str, queues: Sequence[str], lease_ms: int, hold_ms: int) -> bool:
+        listener = self._listener
+        if listener is None or not listener.ready.is_set() or TAKE_CHANNEL not in listener.listening:
+            return False  # it would not hear what it is handed: that would wait out its lease
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms)
+        return True
+
+    async def withdraw_idle(self, worker_id: str) -> None:
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            await conn.execute(WITHDRAW, worker_id)
+
+    async def handed(self, worker_id: str, seq: int) -> list[Claimed]:
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            rows = await conn.fetch(HANDED, seq, worker_id)
+        return [Claimed(*row) for row in rows]
 
     def _on_tape_notice(self, payload: str) -> None:
         if not payload:  # the LISTEN connection came back: anything may have happened
@@ -500,6 +536,13 @@ def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
 def _ensure_schema_locked(conn: Connection) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
     ensure_schema(conn)
+    conn.execute(text(IDLE_WORKERS_DDL))  # PostgreSQL's alone, unlogged (sql/handoff.py)
+
+
+def _log_listen_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (err := task.exception()) is not None:
+        log.debug("LISTEN on a new channel failed (%s: %s); the connection listens again when it is back",
+                  type(err).__name__, err)  # fmt: skip
 
 
 def _is_connect_error(err: BaseException) -> bool:
@@ -524,6 +567,7 @@ class _Listener:
         self.pauses = PauseNotices(self.ready)
         self.channels: dict[str, Callable[[str], None]] = {PAUSE_CHANNEL: self._on_pause}
         self.listening: set[str] = set()
+        self.listen_lock = asyncio.Lock()
 
     def ensure_started(self) -> None:
         if self.task is None or self.task.done():
@@ -544,24 +588,39 @@ class _Listener:
             callback(str(payload))
 
     async def _listen_channels(self) -> None:
-        """LISTEN on channels registered since the connection opened."""
-        conn = self.conn
-        if conn is None:
+        """LISTEN on channels registered since the connection opened. One at a time: a connection
+        runs one statement at once, and a channel added while the connection (re)opens would
+        otherwise LISTEN beside the opening's own."""
+        async with self.listen_lock:
+            conn = self.conn
+            if conn is None:
+                return
+            for channel in list(self.channels):
+                if channel not in self.listening:
+                    await conn.add_listener(channel, self._on_channel)
+                    self.listening.add(channel)
+
+    def listen_soon(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Register `channel` and LISTEN on it now if connected; else when the connection opens. A
+        failure here is the connection's: it comes back and listens on every channel then."""
+        if channel in self.channels:
             return
-        for channel in list(self.channels):
-            if channel not in self.listening:
-                await conn.add_listener(channel, self._on_channel)
-                self.listening.add(channel)
+        self.channels[channel] = callback
+        if self.conn is not None:
+            task = asyncio.get_running_loop().create_task(self._listen_channels())
+            task.add_done_callback(_log_listen_failure)
 
     async def _run(self) -> None:
         backoff = 0.1
         while True:
             lost = asyncio.Event()
+            conn: asyncpg.Connection | None = None
             try:
-                self.conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
-                self.conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await self.conn.add_listener(CHANNEL, self._on_notify)
+                conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(CHANNEL, self._on_notify)
                 self.listening = set()
+                self.conn = conn  # only now may listen_soon LISTEN on it (one statement at a time)
                 await self._listen_channels()
                 self.ready.set()
                 backoff = 0.1
@@ -575,8 +634,8 @@ class _Listener:
                 log.warning("LISTEN connection failed (%s); retrying in %.1fs", err, backoff)
             finally:
                 self.ready.clear()
-                if self.conn is not None and not self.conn.is_closed():
-                    self.conn.terminate()
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
                 self.conn = None
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

@@ -20,6 +20,7 @@ One module a job, read in this order:
 - `claiming.py`: a claim lane's loop, and how a drain knows it is done;
 - `claim_ahead.py`: how much a claim asks for, queueing a claimed batch for the slots, and the
   lease renewals of a long wait;
+- `handoff.py`: an idle pool's offer to emits (PostgreSQL), and running what they hand it;
 - `running.py`: running handlers in turn and recording each outcome (`turns.py`);
 - `settling.py`: the settler, and the hand-over of outcomes to a claim's transaction;
 - `pool.py`: `WorkerPool.run`, start to stop.

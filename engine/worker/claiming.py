@@ -10,14 +10,14 @@ from ..store import Claimed
 from ..store.outage import is_outage
 from ..store.wake import Waker
 from .averages import ewma
-from .claim_ahead import ClaimAhead
+from .handoff import Handoff
 from .pausing import Pausing
 from .settling import Settling
 from .state import log
 from .waiting import IDLE_POLL_S, Backoff, wait_any
 
 
-class Claiming(ClaimAhead, Settling, Pausing):
+class Claiming(Handoff, Settling, Pausing):
     """The claim lanes of a pool."""
 
     async def _claim_loop(self, waker: Waker, until_idle: bool) -> None:
@@ -130,6 +130,7 @@ class Claiming(ClaimAhead, Settling, Pausing):
             return
         self.lane_listening = True
         try:
+            await self._offer_idle()  # an emit may hand its message to this pool now (handoff.py)
             timeout = self._idle_poll_s(await self._until_next_due())
             if not self.runtime.stop.is_set():  # from here a stop wakes the waker (pool.py)
                 await waker.wait(timeout)

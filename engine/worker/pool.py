@@ -25,6 +25,7 @@ class WorkerPool(Claiming):
         try:
             await self._run_lanes(wakers, until_idle)
             if self.runtime.stop.is_set():
+                await self._withdraw_offer()  # nothing more is handed to this pool
                 await self._hand_back_waiting()  # before the grace: others take them meanwhile
             if self.running:
                 await self._finish_running()
@@ -37,6 +38,9 @@ class WorkerPool(Claiming):
                 await self._finish_running()
             raise
         finally:
+            if self.stop_taking is not None:  # a lane failed or the run was cancelled: the offer lapses
+                self.stop_taking()
+                self.stop_taking = None
             stop_wakes.cancel()
             if self.renewer is not None:
                 self.renewer.cancel()  # messages still waiting keep their leases until they run out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from ..runtime import Runtime
 from ..store import Claimed, Outcome
@@ -76,3 +77,9 @@ class PoolState:
         self.paused_epoch: int | None = None  # the pause notices' epoch that read began in, if listening
         self.paused_lock = asyncio.Lock()
         self.claimable: list[str] = self.queues
+        # The pool's standing offer to emits (handoff.py): its queues and when it was made; the
+        # unsubscribe from take notices while subscribed; the reads of handed messages under way.
+        self.offered: list[str] = []
+        self.offered_at = float("-inf")
+        self.stop_taking: Callable[[], None] | None = None
+        self.takes: set[asyncio.Task[None]] = set()

@@ -67,14 +67,7 @@ WITH ins AS (
 SELECT pg_notify('oke_wake', q) FROM (SELECT DISTINCT queue AS q FROM ins) AS d
 """
 
-# The common emit, one plain row: scalar parameters (no arrays to encode and unnest).
-POSTGRES_INSERT_ONE = f"""
-WITH ins AS (
-  INSERT INTO oke_messages ({_COLUMNS})
-  VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $8, $9, $9, $10, 0, $11)
-  RETURNING queue)
-SELECT pg_notify('oke_wake', queue) FROM ins
-"""
+# The common emit, one plain row, is handoff.EMIT_ONE: it may hand the row to an idle worker.
 
 # $12 delay_ms (from PostgreSQL's clock: the one the claim judges run_at by), $13 run_at,
 # $14 priority, $15 dedupe. Returns the ids it stored (a row skipped for its dedupe key is not).
