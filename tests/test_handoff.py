@@ -35,11 +35,12 @@ def _never(payload: Any, fx: Any) -> None:
 
 
 async def _offer(conn: asyncpg.Connection, worker: str, queues: list[str], lease_ms: int = 30_000,
-                 hold_ms: int = HOLD_MS) -> None:  # fmt: skip
-    """An offer as an idle pool makes it, written by hand: no process behind it takes anything."""
+                 hold_ms: int = HOLD_MS, listener_pid: int | None = None) -> None:  # fmt: skip
+    """An offer as an idle pool makes it, written by hand: no process behind it takes anything. Its
+    listener is `conn`'s backend (alive, but it never takes) unless another pid is given."""
     await conn.execute(
-        "INSERT INTO oke_idle_workers VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4)",
-        worker, queues, lease_ms, hold_ms,
+        "INSERT INTO oke_idle_workers VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4, $5)",
+        worker, queues, lease_ms, hold_ms, conn.get_server_pid() if listener_pid is None else listener_pid,
     )  # fmt: skip
 
 
@@ -104,9 +105,32 @@ async def test_no_hand_off_to_a_lapsed_offer_nor_of_a_paused_signal_or_an_emit_w
             await conn.close()
 
 
-async def test_a_message_handed_to_a_worker_that_died_idle_is_reclaimed_after_its_lease(pg_url):
-    """The offer of a worker SIGKILLed while idle outlives it by up to its hold: what it is handed
-    then waits out the (here short) lease, and another worker runs it: nothing is lost."""
+async def test_no_hand_off_to_an_offer_whose_listener_is_gone(pg_url):
+    """A worker SIGKILLed while idle leaves its offer behind for up to its hold, but its LISTEN
+    connection's backend ends with it: emits pass the offer over instead of stranding a message."""
+    jobs = signal.once("jobs")
+    async with oke("emitter", database_url=pg_url, bindings=[Binding(jobs, flow("workers.jobs", do=_never))]) as app:
+        conn = await asyncpg.connect(_dsn(pg_url))
+        listener = await asyncpg.connect(_dsn(pg_url))
+        try:
+            gone = listener.get_server_pid()
+            await listener.close()
+            await until(lambda: _backend_gone(conn, gone), "the closed connection's backend to exit", 10)
+            await _offer(conn, "w-killed", ["jobs"], listener_pid=gone)
+            assert (await _row(conn, await app.emit(jobs, {"n": 1})))["status"] == "pending"
+            assert await _offers(conn) == ["w-killed"]  # it lapses by itself
+        finally:
+            await conn.close()
+
+
+async def _backend_gone(conn: asyncpg.Connection, pid: int) -> bool:
+    return not await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+
+
+async def test_a_message_handed_to_a_worker_that_never_takes_it_is_reclaimed_after_its_lease(pg_url):
+    """A worker cut off by a silent partition keeps a backend the server thinks alive: what it is
+    handed in its offer's last seconds waits out the (here short) lease, and another worker runs
+    it: nothing is lost."""
     jobs = signal.once("jobs")
     ran: list[tuple[str, int]] = []
 
@@ -116,9 +140,9 @@ async def test_a_message_handed_to_a_worker_that_died_idle_is_reclaimed_after_it
     async with oke("emitter", database_url=pg_url, bindings=[Binding(jobs, flow("workers.jobs", do=_never))]) as app:
         conn = await asyncpg.connect(_dsn(pg_url))
         try:
-            await _offer(conn, "w-dead", ["jobs"], lease_ms=800)
+            await _offer(conn, "w-cut-off", ["jobs"], lease_ms=800)
             stranded = await app.emit(jobs, {"n": 1})
-            assert (await _row(conn, stranded))["locked_by"] == "w-dead"
+            assert (await _row(conn, stranded))["locked_by"] == "w-cut-off"
         finally:
             await conn.close()
     signal.once("jobs")  # the declaration again, for the worker app below (engine.reset between apps)
@@ -129,7 +153,7 @@ async def test_a_message_handed_to_a_worker_that_died_idle_is_reclaimed_after_it
         finally:
             await app.stop()
             await runner
-        assert ran == [(stranded, 2)]  # attempt 1 was the dead worker's
+        assert ran == [(stranded, 2)]  # attempt 1 was the cut-off worker's
         assert (await ops.show(app.store, stranded)).status == "delivered"
 
 

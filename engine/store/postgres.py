@@ -282,9 +282,12 @@ class PostgresStore(Store):
         listener = self._listener
         if listener is None or not listener.ready.is_set() or TAKE_CHANNEL not in listener.listening:
             return False  # it would not hear what it is handed: that would wait out its lease
+        listener_conn = listener.conn
+        if listener_conn is None:
+            return False
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
-            await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms)
+            await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms, listener_conn.get_server_pid())
         return True
 
     async def withdraw_idle(self, worker_id: str) -> None:

@@ -8,10 +8,11 @@ claim's round trip and its commit leave the emit → handler path. An offer hold
 is renewed at the lane's polls; an emit consumes it, and the pool offers again while it still has
 a free slot and nothing else woke the lane.
 
-What the claim path does not have: a worker killed while its offer holds may be handed a message
-it never runs, which waits out its lease like a claimed one (no loss: it is reclaimed then); so do
-messages whose take notice was lost with the LISTEN connection. A stopping pool withdraws its offer
-first and hands back what it is still handed.
+What the claim path does not have: a worker cut off by a silent partition while its offer holds
+(its LISTEN connection's backend still alive to the server) may be handed a message it never
+runs, which waits out its lease like a claimed one (no loss: it is reclaimed then). A worker
+killed, or whose connection or server went away, is passed over (sql/handoff.py). A stopping pool
+withdraws its offer first and hands back what it is still handed.
 """
 
 from __future__ import annotations

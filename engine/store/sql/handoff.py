@@ -9,6 +9,13 @@ already inflight, attempt 1, under that worker's lease, then NOTIFYs `oke_take` 
 fsync) and runs it: the claim's round trip with its commit leaves the emit → handler path
 (bench/ONCE.md: p50 1.28x the raw LISTEN/NOTIFY loop before, 1.00x after).
 
+An offer names the backend of the worker's LISTEN connection, and an emit passes over an offer
+whose backend is gone: a worker SIGKILLed while idle, or one whose connection dropped or whose
+server restarted, is handed nothing (its take notice would be lost, and the message would wait out
+a lease). What remains is a connection the server still thinks alive while the worker is cut off
+(a silent partition): messages emitted in the offer's last seconds then wait out their lease and
+are reclaimed, as the ones that worker claimed before the cut.
+
 The table is UNLOGGED: offers are renewed every few seconds and worth nothing after a crash or on
 a promoted standby (it comes back empty; idle workers offer again at their next poll). SQLite has
 no other process to hand to that a claim would not wake as fast; it keeps no offers.
@@ -25,17 +32,22 @@ CREATE UNLOGGED TABLE IF NOT EXISTS oke_idle_workers (
     worker_id text PRIMARY KEY,
     queues text[] NOT NULL,
     lease_ms bigint NOT NULL,
-    until bigint NOT NULL
+    until bigint NOT NULL,
+    listener_pid integer NOT NULL
 )
 """
 
 _CLOCK = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-# $1 worker, $2 queues, $3 lease ms, $4 how long the offer holds (ms).
+# $1 worker, $2 queues, $3 lease ms, $4 how long the offer holds (ms), $5 the backend pid of the
+# worker's LISTEN connection: an emit hands nothing to an offer whose listener is gone (a worker
+# killed, its connection lost, the server restarted), since nobody would hear the take notice.
 OFFER = f"""
-INSERT INTO oke_idle_workers (worker_id, queues, lease_ms, until)
-VALUES ($1, $2::text[], $3, {_CLOCK} + $4::bigint)
-ON CONFLICT (worker_id) DO UPDATE SET queues = excluded.queues, lease_ms = excluded.lease_ms, until = excluded.until
+INSERT INTO oke_idle_workers (worker_id, queues, lease_ms, until, listener_pid)
+VALUES ($1, $2::text[], $3, {_CLOCK} + $4::bigint, $5)
+ON CONFLICT (worker_id) DO UPDATE
+   SET queues = excluded.queues, lease_ms = excluded.lease_ms, until = excluded.until,
+       listener_pid = excluded.listener_pid
 """
 
 # $1 worker: at a stop, no emit hands it anything more.
@@ -57,6 +69,7 @@ taker AS (
            SELECT i.worker_id FROM oke_idle_workers AS i, clock
             WHERE $3 = ANY(i.queues) AND i.until > clock.now
               AND NOT EXISTS (SELECT 1 FROM oke_pauses AS p WHERE p.signal = $2)
+              AND EXISTS (SELECT 1 FROM pg_stat_get_activity(i.listener_pid))
             LIMIT 1 FOR UPDATE OF i SKIP LOCKED)
   RETURNING w.worker_id, w.lease_ms),
 ins AS (
