@@ -12,6 +12,7 @@ import asyncpg
 
 from engine import flow, oke, ops, signal
 from engine.flows import Binding
+from engine.store.sql.handoff import HOLD_LISTENER_LOCK
 from prockit import until
 
 HOLD_MS = 3_000
@@ -37,7 +38,10 @@ def _never(payload: Any, fx: Any) -> None:
 async def _offer(conn: asyncpg.Connection, worker: str, queues: list[str], lease_ms: int = 30_000,
                  hold_ms: int = HOLD_MS, listener_pid: int | None = None) -> None:  # fmt: skip
     """An offer as an idle pool makes it, written by hand: no process behind it takes anything. Its
-    listener is `conn`'s backend (alive, but it never takes) unless another pid is given."""
+    listener is `conn`'s backend (alive, holding the listener's lock, but it never takes) unless
+    another pid is given."""
+    if listener_pid is None:
+        await conn.execute(HOLD_LISTENER_LOCK)
     await conn.execute(
         "INSERT INTO oke_idle_workers VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4, $5)",
         worker, queues, lease_ms, hold_ms, conn.get_server_pid() if listener_pid is None else listener_pid,
@@ -113,6 +117,7 @@ async def test_no_hand_off_to_an_offer_whose_listener_is_gone(pg_url):
         conn = await asyncpg.connect(_dsn(pg_url))
         listener = await asyncpg.connect(_dsn(pg_url))
         try:
+            await listener.execute(HOLD_LISTENER_LOCK)  # as a worker's LISTEN connection does
             gone = listener.get_server_pid()
             await listener.close()
             await until(lambda: _backend_gone(conn, gone), "the closed connection's backend to exit", 10)

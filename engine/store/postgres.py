@@ -38,7 +38,16 @@ from .sql.enqueue import (
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
 )
-from .sql.handoff import EMIT_ONE, HANDED, IDLE_WORKERS_DDL, OFFER, TAKE_CHANNEL, WITHDRAW, take_notice
+from .sql.handoff import (
+    EMIT_ONE,
+    HANDED,
+    HOLD_LISTENER_LOCK,
+    IDLE_WORKERS_DDL,
+    OFFER,
+    TAKE_CHANNEL,
+    WITHDRAW,
+    take_notice,
+)
 from .sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
 from .wake import PauseNotices, Waker, tape_topic, wake_local, wake_tapes
@@ -622,6 +631,7 @@ class _Listener:
                 conn = await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S)
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, self._on_notify)
+                await conn.execute(HOLD_LISTENER_LOCK)  # while it lives: offers naming it are live
                 self.listening = set()
                 self.conn = conn  # only now may listen_soon LISTEN on it (one statement at a time)
                 await self._listen_channels()

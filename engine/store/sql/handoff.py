@@ -7,14 +7,15 @@ is not paused, takes that offer in its own statement: it deletes the offer and i
 already inflight, attempt 1, under that worker's lease, then NOTIFYs `oke_take` with
 "<worker id> <seq>" instead of `oke_wake`. The worker reads the message by seq (no commit, no
 fsync) and runs it: the claim's round trip with its commit leaves the emit → handler path
-(bench/ONCE.md: p50 1.28x the raw LISTEN/NOTIFY loop before, 1.00x after).
+(bench/ONCE.md: p50 1.27-1.32x the raw LISTEN/NOTIFY loop before, 1.0-1.1x after).
 
-An offer names the backend of the worker's LISTEN connection, and an emit passes over an offer
-whose backend is gone: a worker SIGKILLed while idle, or one whose connection dropped or whose
-server restarted, is handed nothing (its take notice would be lost, and the message would wait out
-a lease). What remains is a connection the server still thinks alive while the worker is cut off
-(a silent partition): messages emitted in the offer's last seconds then wait out their lease and
-are reclaimed, as the ones that worker claimed before the cut.
+An offer names the backend of the worker's LISTEN connection, which holds an advisory lock while
+it lives, and an emit passes over an offer whose backend is gone: a worker SIGKILLed while idle,
+or one whose connection dropped or whose server restarted, is handed nothing (its take notice
+would be lost, and the message would wait out a lease). What remains is a connection the server
+still thinks alive while the worker is cut off (a silent partition): messages emitted in the
+offer's last seconds then wait out their lease and are reclaimed, as the ones that worker claimed
+before the cut.
 
 The table is UNLOGGED: offers are renewed every few seconds and worth nothing after a crash or on
 a promoted standby (it comes back empty; idle workers offer again at their next poll). SQLite has
@@ -38,6 +39,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS oke_idle_workers (
 """
 
 _CLOCK = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+# Every LISTEN connection holds the session advisory lock (LISTENER_LOCK_CLASS, its backend pid)
+# while it lives: an emit tells a live listener from a gone one by failing to take that lock
+# shared (a lock-table probe; reading pg_stat_activity instead cost an emit 0.15 ms).
+LISTENER_LOCK_CLASS = 0x6F6B65  # "oke"
+HOLD_LISTENER_LOCK = f"SELECT pg_advisory_lock({LISTENER_LOCK_CLASS}, pg_backend_pid())"
 
 # $1 worker, $2 queues, $3 lease ms, $4 how long the offer holds (ms), $5 the backend pid of the
 # worker's LISTEN connection: an emit hands nothing to an offer whose listener is gone (a worker
@@ -69,7 +76,7 @@ taker AS (
            SELECT i.worker_id FROM oke_idle_workers AS i, clock
             WHERE $3 = ANY(i.queues) AND i.until > clock.now
               AND NOT EXISTS (SELECT 1 FROM oke_pauses AS p WHERE p.signal = $2)
-              AND EXISTS (SELECT 1 FROM pg_stat_get_activity(i.listener_pid))
+              AND NOT pg_try_advisory_xact_lock_shared({listener_lock}, i.listener_pid)
             LIMIT 1 FOR UPDATE OF i SKIP LOCKED)
   RETURNING w.worker_id, w.lease_ms),
 ins AS (
@@ -83,7 +90,9 @@ SELECT CASE WHEN locked_by IS NULL THEN pg_notify('oke_wake', queue)
             ELSE pg_notify('{take}', locked_by || ' ' || seq) END
   FROM ins
 """
-EMIT_ONE = _EMIT_ONE.format(clock=_CLOCK, columns=", ".join(COPY_COLUMNS), take=TAKE_CHANNEL)
+EMIT_ONE = _EMIT_ONE.format(
+    clock=_CLOCK, columns=", ".join(COPY_COLUMNS), take=TAKE_CHANNEL, listener_lock=LISTENER_LOCK_CLASS
+)
 
 
 def take_notice(payload: str) -> tuple[str, int] | None:
