@@ -31,6 +31,23 @@ def _sync(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
     return run
 
 
+def _recorder() -> tuple[list[tuple[str, int]], Callable[[Any, Any], Awaitable[None]]]:
+    """A handler that records (message id, attempt) of each run, and its record."""
+    ran: list[tuple[str, int]] = []
+
+    async def handle(payload: Any, fx: Any) -> None:
+        ran.append((fx.message_id, fx.attempt))
+
+    return ran, handle
+
+
+async def _take_notices(conn: asyncpg.Connection) -> asyncio.Queue[str]:
+    """Every `oke_take` payload `conn` hears from now on."""
+    notices: asyncio.Queue[str] = asyncio.Queue()
+    await conn.add_listener("oke_take", lambda _c, _p, _ch, payload: notices.put_nowait(payload))
+    return notices
+
+
 def _never(payload: Any, fx: Any) -> None:
     raise AssertionError("this app runs no workers")
 
@@ -63,8 +80,7 @@ async def test_an_emit_hands_its_message_to_an_offer_inflight_under_that_workers
     jobs = signal.once("jobs")
     async with oke("emitter", database_url=pg_url, bindings=[Binding(jobs, flow("workers.jobs", do=_never))]) as app:
         conn = await asyncpg.connect(_dsn(pg_url))
-        notices: asyncio.Queue[str] = asyncio.Queue()
-        await conn.add_listener("oke_take", lambda _c, _p, _ch, payload: notices.put_nowait(payload))
+        notices = await _take_notices(conn)
         try:
             await _offer(conn, "w-idle", ["other", "jobs"], lease_ms=45_000)
             handed = await app.emit(jobs, {"n": 1})
@@ -137,10 +153,7 @@ async def test_a_message_handed_to_a_worker_that_never_takes_it_is_reclaimed_aft
     handed in its offer's last seconds waits out the (here short) lease, and another worker runs
     it: nothing is lost."""
     jobs = signal.once("jobs")
-    ran: list[tuple[str, int]] = []
-
-    async def handle(payload: Any, fx: Any) -> None:
-        ran.append((fx.message_id, fx.attempt))
+    ran, handle = _recorder()
 
     async with oke("emitter", database_url=pg_url, bindings=[Binding(jobs, flow("workers.jobs", do=_never))]) as app:
         conn = await asyncpg.connect(_dsn(pg_url))
@@ -167,8 +180,7 @@ async def test_an_idle_worker_process_is_handed_messages_and_withdraws_its_offer
     procs.start("bulk", "w0", pg_url)
     await procs.ready("w0")
     conn = await asyncpg.connect(_dsn(pg_url))
-    notices: asyncio.Queue[str] = asyncio.Queue()
-    await conn.add_listener("oke_take", lambda _c, _p, _ch, payload: notices.put_nowait(payload))
+    notices = await _take_notices(conn)
     try:
         async with oke("emitter", database_url=pg_url, bindings=[Binding(bulk, flow("workers.bulk", do=_never))]) as app:
             handed = []
@@ -195,10 +207,7 @@ async def _all_delivered(app: Any, ids: list[str]) -> bool:
 
 async def test_an_in_process_pool_runs_a_hand_off_and_its_stop_withdraws_the_offer(pg_url):
     jobs = signal.once("jobs")
-    ran: list[tuple[str, int]] = []
-
-    async def handle(payload: Any, fx: Any) -> None:
-        ran.append((fx.message_id, fx.attempt))
+    ran, handle = _recorder()
 
     async with oke("worker", database_url=pg_url, bindings=[Binding(jobs, flow("workers.jobs", do=handle))]) as app:
         conn = await asyncpg.connect(_dsn(pg_url))
@@ -229,8 +238,7 @@ async def test_two_apps_on_one_database_in_one_process_run_each_hand_off_once(pg
     first, second = oke("a", database_url=pg_url, bindings=[binding]), oke("b", database_url=pg_url, bindings=[binding])
     async with first, second:
         conn = await asyncpg.connect(_dsn(pg_url))
-        notices: list[str] = []
-        await conn.add_listener("oke_take", lambda _c, _p, _ch, payload: notices.append(payload))
+        notices = await _take_notices(conn)
         runners = [asyncio.create_task(app.run(concurrency=2)) for app in (first, second)]
         try:
             await until(lambda: _offers(conn), "a pool to offer itself", timeout=30)
@@ -241,7 +249,7 @@ async def test_two_apps_on_one_database_in_one_process_run_each_hand_off_once(pg
             await until(lambda: _all_delivered(first, emitted), "every message to be settled", 30)
             await asyncio.sleep(0.3)  # a second run of any of them would have started by now
             assert sorted(runs) == sorted(emitted)
-            assert len(notices) >= 10  # most went by hand-off (an offer is renewed after each take)
+            assert notices.qsize() >= 10  # most went by hand-off (an offer is renewed after each take)
         finally:
             for app in (first, second):
                 await app.stop()

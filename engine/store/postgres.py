@@ -289,11 +289,10 @@ class PostgresStore(Store):
 
     async def offer_idle(self, worker_id: str, queues: Sequence[str], lease_ms: int, hold_ms: int) -> bool:
         listener = self._listener
-        if listener is None or not listener.ready.is_set() or TAKE_CHANNEL not in listener.listening:
-            return False  # it would not hear what it is handed: that would wait out its lease
-        listener_conn = listener.conn
+        hears = listener is not None and listener.ready.is_set() and TAKE_CHANNEL in listener.listening
+        listener_conn = listener.conn if listener is not None and hears else None
         if listener_conn is None:
-            return False
+            return False  # it would not hear what it is handed: that would wait out its lease
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
             await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms, listener_conn.get_server_pid())
