@@ -91,12 +91,15 @@ async def measure(rec, a, label: str, rep: int, make):
 BARE_LABEL = ", no history or heartbeats"
 
 
-def with_bare_beside(c: int, rep: int) -> list[bool]:
-    """At 8 and 32 handlers the engine also runs without history and heartbeats, right beside the
-    plain run and in alternating order (ABBA over the repetitions), so drift lands on both."""
-    if c == 1:
-        return [False]
-    return [True, False] if rep % 2 else [False, True]
+def side_by_side(rep: int, runs: list) -> list:
+    """A floor's runs one right after the other, in alternating order (ABBA over the repetitions),
+    so the CPU's drift from minute to minute lands on both sides of its ratio."""
+    return runs if rep % 2 == 0 else runs[::-1]
+
+
+def with_bare(c: int) -> list[bool]:
+    """At 8 and 32 handlers the engine also runs without history and heartbeats (issue 15's floor)."""
+    return [False] if c == 1 else [False, True]
 
 
 # PgQueuer consumers x batch: its own benchmark's 5 x 10, and as many jobs in flight as 8 and 32 handlers
@@ -114,14 +117,21 @@ async def pg_throughput(rec, cluster, a):
     raw_dsn, proc_dsn, pgq_dsn = cluster.dsn("bench_raw"), cluster.dsn("bench_proc"), cluster.dsn("bench_pgq")
     await procrastinate_peer.apply_schema(proc_dsn)
     await pgqueuer_peer.install(pgq_dsn)
-    raw_grid = [(1, 1), (8, 1), (32, 1), (8, 8), (32, 32), (2, 8), (2, 32), (4, 8)]
+    # Each floor's raw peer (C tasks x batch C, and 4 x 8 beside 4 processes) runs right beside the
+    # engine; the rest of the grid after the other peers.
+    raw_rest = [(8, 1), (32, 1), (2, 8), (2, 32)]
     for rep in range(a.reps):   # rep-major: slow drift of the VM spreads over every contender
         print(f"-- PostgreSQL, repetition {rep + 1}/{a.reps}", flush=True)
         for c in (1, 8, 32):
-            for bare in with_bare_beside(c, rep):
-                await measure(rec, a, f"okengine pg C={c}" + BARE_LABEL * bare, rep,
-                              lambda: pg_single(cluster, n, c, bare=bare))
-        await measure(rec, a, "okengine pg 4 procs x 8", rep, lambda: pg_multi(cluster, n, 4, 8))
+            runs = [(f"okengine pg C={c}" + BARE_LABEL * bare, lambda bare=bare: pg_single(cluster, n, c, bare=bare))
+                    for bare in with_bare(c)]
+            runs.append((f"raw asyncpg {c} tasks x batch {c}", lambda: raw_pg.run(raw_dsn, n, c, c, cluster.data_dir)))
+            for label, make in side_by_side(rep, runs):
+                await measure(rec, a, label, rep, make)
+        for label, make in side_by_side(rep, [
+                ("okengine pg 4 procs x 8", lambda: pg_multi(cluster, n, 4, 8)),
+                ("raw asyncpg 4 tasks x batch 8", lambda: raw_pg.run(raw_dsn, n, 4, 8, cluster.data_dir))]):
+            await measure(rec, a, label, rep, make)
         await measure(rec, a, "okengine pg C=8, 50 % delayed", rep, lambda: pg_single(cluster, n, 8, delayed=True))
         for c in (1, 8, 32):
             await measure(rec, a, f"procrastinate C={c}", rep,
@@ -129,7 +139,7 @@ async def pg_throughput(rec, cluster, a):
         for consumers, batch in PGQUEUER_GRID:
             await measure(rec, a, f"pgqueuer {consumers} x batch {batch}", rep,
                           lambda: pgqueuer_peer.run(pgq_dsn, n, consumers, batch, cluster.data_dir))
-        for tasks, batch in raw_grid:
+        for tasks, batch in raw_rest:
             await measure(rec, a, f"raw asyncpg {tasks} tasks x batch {batch}", rep,
                           lambda: raw_pg.run(raw_dsn, n, tasks, batch, cluster.data_dir))
 
@@ -140,19 +150,25 @@ async def sqlite_throughput(rec, a):
     from report import CONCS, sqlite_claim_batch
 
     with tempfile.TemporaryDirectory(prefix="oke-bench-sqlite-", dir=None) as d:
+        def raw_runs(b: int) -> list:
+            """The raw loop at batch b both ways: synchronous=FULL, and NORMAL + an fdatasync."""
+            return [(f"raw sqlite3 batch {b}", lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL")),
+                    (f"raw sqlite3 batch {b}, NORMAL + fdatasync",
+                     lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "NORMAL", own_sync=True))]
+
         for rep in range(a.reps):
             print(f"-- SQLite, repetition {rep + 1}/{a.reps} ({d})", flush=True)
-            for c in (1, 8, 32):
-                for bare in with_bare_beside(c, rep):
-                    await measure(rec, a, f"okengine sqlite C={c}" + BARE_LABEL * bare, rep,
-                                  lambda: sqlite_single(d, a.messages, c, bare=bare))
+            for c in CONCS:  # the engine and the raw loop at batch C (its floors' peer) side by side
+                runs = [(f"okengine sqlite C={c}" + BARE_LABEL * bare,
+                         lambda bare=bare: sqlite_single(d, a.messages, c, bare=bare)) for bare in with_bare(c)]
+                runs += raw_runs(c)
+                for label, make in side_by_side(rep, runs):
+                    await measure(rec, a, label, rep, make)
             await measure(rec, a, "okengine sqlite C=8, 50 % delayed", rep,
                           lambda: sqlite_single(d, a.messages, 8, delayed=True))
-            for b in sorted({*CONCS, *(sqlite_claim_batch(c) for c in CONCS)}):
-                await measure(rec, a, f"raw sqlite3 batch {b}", rep,
-                              lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "FULL"))
-                await measure(rec, a, f"raw sqlite3 batch {b}, NORMAL + fdatasync", rep,
-                              lambda: raw_sqlite.run(f"{d}/raw.db", a.messages, b, "NORMAL", own_sync=True))
+            for b in sorted({sqlite_claim_batch(c) for c in CONCS} - set(CONCS)):
+                for label, make in raw_runs(b):
+                    await measure(rec, a, label, rep, make)
 
 
 async def latency(rec, cluster, a):

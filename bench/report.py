@@ -1,4 +1,9 @@
-"""The printed tables, the ratios (ours / peer, on medians) and the issue's floors."""
+"""The printed tables, the ratios (ours / peer, on medians) and the issue's floors.
+
+A floor against a peer that ran side by side with the engine (once_bench.side_by_side) is judged
+on the median of the per-repetition ratios, not on the ratio of the medians: on these VMs the CPU's
+speed moves from minute to minute, and two medians may come from runs minutes apart.
+"""
 from __future__ import annotations
 
 from common import median
@@ -41,6 +46,29 @@ def probe(rows) -> str:
     return f"{v:.2f}" if v is not None else "—"
 
 
+def by_rep(rows, key="msgs_per_s") -> dict:
+    """Repetition -> the value of that repetition's run."""
+    return {r["rep"]: r[key] for r in rows if r.get(key) is not None}
+
+
+def side_by_side(ours, peer: dict) -> list[float]:
+    """Per repetition, ours / the peer's run beside it (`peer`: repetition -> msgs/s)."""
+    mine = by_rep(ours)
+    return [mine[rep] / peer[rep] for rep in sorted(mine) if peer.get(rep)]
+
+
+def floor_vs(name: str, ours, peer_rows, peer: dict, at_least: float, fmt: str = "{:.0%}"):
+    """A floor row against a peer run beside the engine: both medians, then the per-repetition
+    ratios, whose median is judged."""
+    a, b = med(ours), med(peer_rows)
+    pairs = side_by_side(ours, peer)
+    if not pairs:
+        return (name, f"{a:.0f} vs {b:.0f} = {fmt.format(a / b)}", a >= at_least * b)
+    shown = ", ".join(fmt.format(x) for x in pairs)
+    return (name, f"{a:.0f} vs {b:.0f}; side by side {fmt.format(median(pairs))} ({shown})",
+            median(pairs) >= at_least)
+
+
 def _table(title: str, header: list[str], lines: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
     fmt = lambda row: "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
@@ -56,8 +84,10 @@ def bookkeeping_floors(store: str, eng, bare) -> list:
     for c in CONCS[1:]:
         if eng[c] and bare[c]:
             a, b = med(eng[c]), med(bare[c])
+            cost = [1 - x for x in side_by_side(eng[c], by_rep(bare[c]))]
             floors.append((f"{store}, {c} handlers: history and heartbeats cost ≤ 5 % (vs both off)",
-                           f"{a:.0f} vs {b:.0f} = {1 - a / b:+.1%} cost", a >= 0.95 * b))
+                           f"{a:.0f} vs {b:.0f}; side by side {median(cost):+.1%} cost "
+                           f"({', '.join(f'{x:+.1%}' for x in cost)})", median(cost) <= 0.05))
     return floors
 
 
@@ -130,11 +160,11 @@ def pg_section(rec, n, reps):
             floors.append((f"PostgreSQL, {c} handlers ≥ 1.5× PgQueuer (the faster of its 5×10 and {c} in flight)",
                            f"{a:.0f} vs {b:.0f} = {a / b:.2f}×", a >= 1.5 * b))
     if eng[8] and raw(8, 8):
-        a, b = med(eng[8]), med(raw(8, 8))
-        floors.append(("PostgreSQL, 8 handlers ≥ 50% of raw asyncpg at the engine's batch (8 tasks × batch 8)",
-                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
-        floors.append(("PostgreSQL, 8 handlers ≥ 90% of raw asyncpg holding as many leases (8 × batch 8: 64; ours ≤ 56)",
-                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.9 * b))
+        peer = by_rep(raw(8, 8))
+        floors.append(floor_vs("PostgreSQL, 8 handlers ≥ 50% of raw asyncpg at the engine's batch (8 tasks × batch 8)",
+                               eng[8], raw(8, 8), peer, 0.5))
+        floors.append(floor_vs("PostgreSQL, 8 handlers ≥ 90% of raw asyncpg holding as many leases "
+                               "(8 × batch 8: 64; ours ≤ 56)", eng[8], raw(8, 8), peer, 0.9))
     floors += bookkeeping_floors("PostgreSQL", eng, bare)
     return out, floors
 
@@ -151,6 +181,13 @@ def _faster_raw(rec, batch):
     runs = (rec.select(bench="sqlite_raw", batch=batch, synchronous="FULL"),
             rec.select(bench="sqlite_raw", batch=batch, own_sync=True))
     return max((med(rows) for rows in runs if rows), default=None)
+
+
+def _faster_raw_by_rep(rec, batch) -> dict:
+    """Repetition -> the faster of that repetition's two raw loops at `batch`."""
+    full = by_rep(rec.select(bench="sqlite_raw", batch=batch, synchronous="FULL"))
+    own = by_rep(rec.select(bench="sqlite_raw", batch=batch, own_sync=True))
+    return {rep: max(full.get(rep, 0), own.get(rep, 0)) for rep in full.keys() | own.keys()}
 
 
 def sqlite_section(rec, n, reps):
@@ -185,13 +222,13 @@ def sqlite_section(rec, n, reps):
     floors = []
     for c in CONCS:
         if eng[c] and ceiling[c]:
-            a, b = med(eng[c]), ceiling[c]
-            floors.append((f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 (batch {c}, faster of the two)",
-                           f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.5 * b))
+            faster = raw[c] if med(raw[c]) == ceiling[c] else own[c]
+            floors.append(floor_vs(f"SQLite, {c} handler{'s' if c > 1 else ''} ≥ 50% of raw sqlite3 "
+                                   f"(batch {c}, faster of the two)", eng[c], faster, _faster_raw_by_rep(rec, c), 0.5))
     if eng[32] and ceiling[32]:
-        a, b = med(eng[32]), ceiling[32]
-        floors.append(("SQLite, 32 handlers ≥ 70% of raw sqlite3 (batch 32, faster of the two)",
-                       f"{a:.0f} vs {b:.0f} = {a / b:.0%}", a >= 0.7 * b))
+        faster = raw[32] if med(raw[32]) == ceiling[32] else own[32]
+        floors.append(floor_vs("SQLite, 32 handlers ≥ 70% of raw sqlite3 (batch 32, faster of the two)",
+                               eng[32], faster, _faster_raw_by_rep(rec, 32), 0.7))
     floors += bookkeeping_floors("SQLite", eng, bare)
     return out, floors
 
@@ -242,7 +279,8 @@ def enqueue_section(rec, n, reps):
 def floors_table(floors) -> str:
     if not floors:
         return ""
-    return "\n" + _table("Floors (issues 2, 15 and 16)", ["floor", "measured (medians)", "verdict"],
+    return "\n" + _table("Floors (issues 2, 15 and 16); \"side by side\": the median of the per-repetition ratios, "
+                         "which the verdict judges", ["floor", "measured (medians)", "verdict"],
                          [[name, got, "PASS" if ok else "FAIL"] for name, got, ok in floors])
 
 
