@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, EmailStr, Field, TypeAdapter
 
 from engine import OkeError, flow, oke, on, signal
 from engine.ids import now_ms
-from engine.store import Outcome
+from engine.store import Claimed, Outcome
 from workers.db import fetch, scalar, table_counts
 
 
@@ -160,6 +160,18 @@ async def test_failed_attempt_is_pending_again_at_once(db_url):
             ("pending", None, None, 1)
         [again] = await app.store.claim(["jobs"], "w2", 60_000, 10)  # no back-off
         assert (again.id, again.attempts) == (msg_id, 2)
+
+
+async def test_a_claimed_record_holds_each_column_of_its_row_under_the_same_name(db_url):
+    """The claims' RETURNING lists (and a hand-off's read) follow Claimed's fields (sql/claim.py)."""
+    jobs = signal.once("jobs")
+    on(jobs, flow("workers.jobs", do=lambda p, fx: None))
+    async with oke("t", database_url=db_url) as app:
+        await app.emit(jobs, {"a": 1}, key="k-1", priority=7, parent_run_id="run_parent")
+        [claimed] = await app.store.claim(["jobs"], "w1", 60_000, 10)
+    [row] = await fetch(db_url, f"SELECT {', '.join(Claimed._fields)} FROM oke_messages WHERE id = $1", claimed.id)
+    assert tuple(row) == tuple(claimed)
+    assert (claimed.key, claimed.priority, claimed.parent_run_id, claimed.attempts) == ("k-1", 7, "run_parent", 1)
 
 
 async def test_claim_leases_and_counts_the_attempt_before_the_handler_runs(db_url):

@@ -16,15 +16,20 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# What a claim returns, in the order of engine.store.base.Claimed's fields (a test holds them
+# equal); a hand-off's read of its message (handoff.HANDED) returns the same.
+CLAIMED_COLUMNS = "seq id signal queue flow key payload attempts parent_run_id traceparent priority".split()
+_RETURNING = ", ".join(CLAIMED_COLUMNS)
+
 # -- SQLite: `:worker`, `:lease_until`, `:now`, `:limit`, and one `:qN` per queue ({queues}).
-SQLITE_CLAIM = """
+SQLITE_CLAIM = f"""
 UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = attempts + 1,
        lease_expires_at = :lease_until, updated_at = :now
  WHERE seq IN (
    SELECT m.seq FROM oke_messages AS m
     WHERE m.status IN ('pending', 'inflight')
       AND (m.status = 'pending' AND (m.run_at IS NULL OR m.run_at <= :now) OR m.lease_expires_at < :now)
-      AND m.queue IN ({queues})
+      AND m.queue IN ({{queues}})
       AND (m.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM oke_messages AS o
              WHERE o.status IN ('pending', 'inflight') AND o.key IS NOT NULL
@@ -32,7 +37,7 @@ UPDATE oke_messages SET status = 'inflight', locked_by = :worker, attempts = att
                AND (o.seq < m.seq
                     OR (o.status = 'inflight' AND o.lease_expires_at >= :now AND o.seq <> m.seq))))
     ORDER BY m.priority DESC, m.seq LIMIT :limit)
-RETURNING seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent, priority
+RETURNING {_RETURNING}
 """
 
 
@@ -49,7 +54,7 @@ def sqlite_claim_statement(queues: int) -> str:
 # scan of every message, so PostgreSQL keeps planning the claim afresh on each call (custom plans).
 # With the size in the text the generic plan is the index scan and is reused: measured 7,200 →
 # 10,000 msgs/s at 8 handlers.
-POSTGRES_CLAIM = """
+POSTGRES_CLAIM = f"""
 WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
 picked AS (
   SELECT m.seq FROM oke_messages AS m, clock
@@ -62,14 +67,13 @@ picked AS (
               AND o.queue = m.queue AND o.key = m.key
               AND (o.seq < m.seq
                    OR (o.status = 'inflight' AND o.lease_expires_at >= clock.now AND o.seq <> m.seq))))
-   ORDER BY m.priority DESC, m.seq LIMIT {limit}
+   ORDER BY m.priority DESC, m.seq LIMIT {{limit}}
    FOR UPDATE OF m SKIP LOCKED)
 UPDATE oke_messages AS u
    SET status = 'inflight', locked_by = $1, attempts = u.attempts + 1,
        lease_expires_at = clock.now + $2::bigint, updated_at = clock.now
   FROM picked, clock WHERE u.seq = picked.seq
-RETURNING u.seq, u.id, u.signal, u.queue, u.flow, u.key, u.payload, u.attempts, u.parent_run_id, u.traceparent,
-          u.priority
+RETURNING {", ".join(f"u.{column}" for column in CLAIMED_COLUMNS)}
 """
 
 

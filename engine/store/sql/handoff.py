@@ -24,6 +24,7 @@ no other process to hand to that a claim would not wake as fast; it keeps no off
 
 from __future__ import annotations
 
+from .claim import CLAIMED_COLUMNS
 from .enqueue import COPY_COLUMNS
 
 TAKE_CHANNEL = "oke_take"
@@ -61,8 +62,8 @@ ON CONFLICT (worker_id) DO UPDATE
 WITHDRAW = "DELETE FROM oke_idle_workers WHERE worker_id = $1"
 
 # $1 seq, $2 worker: the message handed over, as a claim returns it (still held: nobody took it over).
-HANDED = """
-SELECT seq, id, signal, queue, flow, key, payload, attempts, parent_run_id, traceparent, priority
+HANDED = f"""
+SELECT {", ".join(CLAIMED_COLUMNS)}
   FROM oke_messages WHERE seq = $1 AND locked_by = $2 AND status = 'inflight'
 """
 
