@@ -1,14 +1,15 @@
 """Would a SQLite writer in a process of its own drain faster than one in a thread? (an experiment)
 
-    python bench/sqlite_writer_process.py [--messages 60000] [--pairs 4]
+    python bench/sqlite_writer_process.py [--messages 60000] [--rounds 4]
 
 A drain at 32 handlers is a cycle of the writer's transaction (settle the last batch, claim the
 next) and the loop's turn (run the batch's handlers). In one process the two serialise on the GIL
 (bench/ONCE.md, "SQLite at 32 handlers: which thread is busy"). This script drains a store filled
 by the engine with a cut-down worker: the engine's own settle and claim statements, claims of 128,
 two requests in flight so the writer's next transaction can run beside the loop's turn, each
-commit fsynced by a syncer thread beside the writer. It runs the writer once in a thread and once
-in a forked process, alternately, and prints each pair's ratio. It is not the engine's worker
+commit fsynced by a syncer thread beside the writer. It runs the writer in a forked process, in a
+thread, and in a thread with one request in flight (as the engine ships its one SQLite lane), in
+alternating order, and prints the process's ratio to each. It is not the engine's worker
 (no history, heartbeats, hooks or failures): it prices only where the writer runs.
 """
 
@@ -95,14 +96,14 @@ async def handler(payload: object) -> None:
     return None
 
 
-async def loop_side(pipe: Connection) -> tuple[int, float]:
+async def loop_side(pipe: Connection, depth: int) -> tuple[int, float]:
     """Run each claimed batch's no-op handlers while the writer works on the next request."""
     loop = asyncio.get_running_loop()
     results: asyncio.Queue[list[tuple]] = asyncio.Queue()
     loop.add_reader(pipe.fileno(), lambda: results.put_nowait(pipe.recv()))
-    pipe.send(([], LIMIT))
-    pipe.send(([], LIMIT))
-    in_flight, done, began = 2, 0, time.perf_counter()
+    for _ in range(depth):
+        pipe.send(([], LIMIT))
+    in_flight, done, began = depth, 0, time.perf_counter()
     while in_flight:
         rows = await results.get()
         in_flight -= 1
@@ -137,6 +138,10 @@ async def fill(path: str, messages: int) -> None:
     conn.close()
 
 
+# where the writer runs -> requests in flight: the thread also as the engine ships it (one lane)
+VARIANTS = {"process": 2, "thread": 2, "thread, 1 in flight": 1}
+
+
 def one_drain(messages: int, where: str) -> float:
     path = os.path.join(tempfile.mkdtemp(prefix="oke-writer-"), "drain.db")
     asyncio.run(fill(path, messages))
@@ -148,7 +153,7 @@ def one_drain(messages: int, where: str) -> float:
     else:
         side = threading.Thread(target=writer, args=(path, theirs), daemon=True)
     side.start()
-    done, elapsed = asyncio.run(loop_side(ours))
+    done, elapsed = asyncio.run(loop_side(ours, VARIANTS[where]))
     ours.send(None)
     ours.recv()
     side.join()
@@ -168,19 +173,17 @@ def one_drain(messages: int, where: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=60_000)
-    p.add_argument("--pairs", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=4)
     a = p.parse_args()
-    ratios = []
-    for pair in range(a.pairs):
-        order = ("process", "thread") if pair % 2 == 0 else ("thread", "process")  # ABBA
+    ratios: dict[str, list[float]] = {where: [] for where in VARIANTS if where != "process"}
+    for n in range(a.rounds):
+        order = list(VARIANTS) if n % 2 == 0 else list(VARIANTS)[::-1]  # ABBA
         rate = {where: one_drain(a.messages, where) for where in order}
-        ratios.append(rate["process"] / rate["thread"])
-        print(
-            f"pair {pair + 1}: writer in a process {rate['process']:8,.0f} msgs/s, in a thread "
-            f"{rate['thread']:8,.0f}: {ratios[-1]:.2f}x",
-            flush=True,
-        )
-    print(f"median process / thread: {statistics.median(ratios):.2f}x over {a.pairs} pairs of {a.messages:,} messages")
+        for where in ratios:
+            ratios[where].append(rate["process"] / rate[where])
+        print(f"round {n + 1}: " + ", ".join(f"{w} {r:,.0f} msgs/s" for w, r in rate.items()), flush=True)
+    for where, got in ratios.items():
+        print(f"process / {where}: median {statistics.median(got):.2f}x ({', '.join(f'{x:.2f}' for x in got)})")
 
 
 if __name__ == "__main__":
