@@ -51,7 +51,7 @@ def by_rep(rows, key="msgs_per_s") -> dict:
     return {r["rep"]: r[key] for r in rows if r.get(key) is not None}
 
 
-def side_by_side(ours, peer: dict) -> list[float]:
+def paired_ratios(ours, peer: dict) -> list[float]:
     """Per repetition, ours / the peer's run beside it (`peer`: repetition -> msgs/s)."""
     mine = by_rep(ours)
     return [mine[rep] / peer[rep] for rep in sorted(mine) if peer.get(rep)]
@@ -61,7 +61,7 @@ def floor_vs(name: str, ours, peer_rows, peer: dict, at_least: float, fmt: str =
     """A floor row against a peer run beside the engine: both medians, then the per-repetition
     ratios, whose median is judged."""
     a, b = med(ours), med(peer_rows)
-    pairs = side_by_side(ours, peer)
+    pairs = paired_ratios(ours, peer)
     if not pairs:
         return (name, f"{a:.0f} vs {b:.0f} = {fmt.format(a / b)}", a >= at_least * b)
     shown = ", ".join(fmt.format(x) for x in pairs)
@@ -84,7 +84,7 @@ def bookkeeping_floors(store: str, eng, bare) -> list:
     for c in CONCS[1:]:
         if eng[c] and bare[c]:
             a, b = med(eng[c]), med(bare[c])
-            cost = [1 - x for x in side_by_side(eng[c], by_rep(bare[c]))]
+            cost = [1 - x for x in paired_ratios(eng[c], by_rep(bare[c]))]
             floors.append((f"{store}, {c} handlers: history and heartbeats cost ≤ 5 % (vs both off)",
                            f"{a:.0f} vs {b:.0f}; side by side {median(cost):+.1%} cost "
                            f"({', '.join(f'{x:+.1%}' for x in cost)})", median(cost) <= 0.05))
