@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# What a claim returns, in the order of engine.store.base.Claimed's fields (a test holds them
-# equal); a hand-off's read of its message (handoff.HANDED) returns the same.
-CLAIMED_COLUMNS = "seq id signal queue flow key payload attempts parent_run_id traceparent priority".split()
+# What a claim returns, in the order of engine.store.base.Claimed's fields (test_once checks a
+# claimed record field by field against its row); a hand-off's read (handoff.HANDED) returns the same.
+CLAIMED_COLUMNS = tuple("seq id signal queue flow key payload attempts parent_run_id traceparent priority".split())
 _RETURNING = ", ".join(CLAIMED_COLUMNS)
 
 # -- SQLite: `:worker`, `:lease_until`, `:now`, `:limit`, and one `:qN` per queue ({queues}).
