@@ -288,14 +288,12 @@ class PostgresStore(Store):
             take(notice[1])
 
     async def offer_idle(self, worker_id: str, queues: Sequence[str], lease_ms: int, hold_ms: int) -> bool:
-        listener = self._listener
-        hears = listener is not None and listener.ready.is_set() and TAKE_CHANNEL in listener.listening
-        listener_conn = listener.conn if listener is not None and hears else None
-        if listener_conn is None:
+        listener_pid = None if self._listener is None else self._listener.backend_hearing(TAKE_CHANNEL)
+        if listener_pid is None:
             return False  # it would not hear what it is handed: that would wait out its lease
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
-            await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms, listener_conn.get_server_pid())
+            await conn.execute(OFFER, worker_id, list(queues), lease_ms, hold_ms, listener_pid)
         return True
 
     async def withdraw_idle(self, worker_id: str) -> None:
@@ -610,6 +608,13 @@ class _Listener:
                 if channel not in self.listening:
                     await conn.add_listener(channel, self._on_channel)
                     self.listening.add(channel)
+
+    def backend_hearing(self, channel: str) -> int | None:
+        """The server pid of this LISTEN connection while it is up and listens on `channel`."""
+        conn = self.conn
+        if conn is None or not self.ready.is_set() or channel not in self.listening:
+            return None
+        return conn.get_server_pid()
 
     def listen_soon(self, channel: str, callback: Callable[[str], None]) -> None:
         """Register `channel` and LISTEN on it now if connected; else when the connection opens. A

@@ -93,7 +93,12 @@ class Handoff(ClaimAhead):
             log.warning("could not withdraw the offer to emits (%s: %s); it lapses within %d ms",
                         type(err).__name__, err, OFFER_HOLD_MS)  # fmt: skip
         await asyncio.sleep(0.05)  # a take notice sent just before the withdraw is on its way
-        self.stop_taking()
-        self.stop_taking = None
+        self._stop_taking()
         if self.takes:
             await asyncio.gather(*self.takes, return_exceptions=True)
+
+    def _stop_taking(self) -> None:
+        """Hear no more take notices (an offer left standing lapses by itself)."""
+        if self.stop_taking is not None:
+            self.stop_taking()
+            self.stop_taking = None

@@ -38,9 +38,7 @@ class WorkerPool(Claiming):
                 await self._finish_running()
             raise
         finally:
-            if self.stop_taking is not None:  # a lane failed or the run was cancelled: the offer lapses
-                self.stop_taking()
-                self.stop_taking = None
+            self._stop_taking()  # a lane failed or the run was cancelled: the offer lapses
             stop_wakes.cancel()
             if self.renewer is not None:
                 self.renewer.cancel()  # messages still waiting keep their leases until they run out
