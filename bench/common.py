@@ -180,8 +180,29 @@ def speed_probe_ms() -> float:
     return best * 1e3
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and its live children (the SQLite store's writer process): a
+    drain's client CPU wherever the engine runs it."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 class Window:
-    """The timed window of one run: wall, this process's CPU, the PostgreSQL server's CPU, and
+    """The timed window of one run: wall, this process's CPU (with its children's), the PostgreSQL server's CPU, and
     how busy the whole machine was — `foreign_cores` is CPU used by anything else (other
     programs on a shared box), in cores; near 0 means the numbers are clean. `speed_probe_ms` is
     `speed_probe_ms()` just before and just after the window, averaged (outside the timing)."""
@@ -193,14 +214,14 @@ class Window:
         self.probe0 = speed_probe_ms()
         self.s0 = self.server.snapshot() if self.server else {}
         self.m0 = machine_busy()
-        self.cpu0, self.t0 = time.process_time(), time.perf_counter()
+        self.cpu0, self.t0 = tree_cpu_s(), time.perf_counter()
         return self
 
     def stop(self, probe: bool = True) -> "Window":
         """End the timing; `probe=False` leaves the closing probe to `probe_end()`, for a caller
         whose worker processes still exit right after the window (they would slow the probe)."""
         self.wall = time.perf_counter() - self.t0
-        self.cpu = time.process_time() - self.cpu0
+        self.cpu = tree_cpu_s() - self.cpu0
         self.cores = busy_share(self.m0, machine_busy())
         self.server_cpu = ServerCpu.delta(self.s0, self.server.snapshot()) if self.server else None
         if probe:

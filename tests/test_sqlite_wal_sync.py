@@ -9,7 +9,10 @@ after its last outcomes are synced; concurrent writes share syncs; a failed sync
 never a silent success, for every commit it carried.
 
 The sync is gated by wrapping the real fdatasync (the OS call, not the engine), so a test can hold
-a thread inside it and look at what the rest of the engine does meanwhile.
+a thread inside it and look at what the rest of the engine does meanwhile. That wrapper lives in
+this process, so these tests run the writer thread (`sqlite_writer="thread"`); the writer process
+runs the same code on its side (engine/store/sqlite_file.py `StoreFile.deliver`), and
+test_sqlite_writer_process.py checks what can be seen of it from outside.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncGate]:
 async def test_an_emit_returns_only_after_its_commit_is_synced(sqlite_url, gate):
     """The commit is visible to another connection while the sync is held, yet emit has not returned."""
     jobs = signal.once("sync.emit", optional=True)
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         gate.armed = True
         emitting = asyncio.create_task(app.emit(jobs, {"n": 1}))
         await gate.wait_entered()
@@ -109,7 +112,7 @@ async def test_a_claims_handlers_start_while_its_sync_runs(sqlite_url, gate):
                                 "WHERE id = $1", fx.message_id))
         started.set()
 
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         await app.emit(jobs, 1)
         gate.skip = DRAIN_WRITES_BEFORE_CLAIM
         gate.armed = True  # the claim's sync
@@ -137,7 +140,7 @@ async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_ur
         await fx.emit(marker, n)
         gate.armed = True
 
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         await app.emit(jobs, 1)
         draining = asyncio.create_task(app.drain(concurrency=1))
         await gate.wait_entered()
@@ -150,7 +153,7 @@ async def test_a_drain_returns_only_after_its_last_outcomes_are_synced(sqlite_ur
 
 async def test_a_failed_sync_of_a_write_is_an_outage_and_the_next_write_works(sqlite_url, gate):
     jobs = signal.once("sync.fail", optional=True)
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         gate.fail_next = OSError(errno.EIO, "Input/output error")
         with pytest.raises(StoreUnavailable, match="syncing the WAL to disk failed .*Input/output error"):
             await app.emit(jobs, {"n": 1})
@@ -171,7 +174,7 @@ async def test_a_failed_sync_after_a_claim_is_logged_and_its_handler_still_settl
     async def handle(n: int, fx: Any) -> None:
         ran.append(n)
 
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         await app.emit(jobs, 7)
         gate.skip = DRAIN_WRITES_BEFORE_CLAIM
         gate.fail_next = OSError(errno.EIO, "Input/output error")  # the claim's sync
@@ -203,7 +206,7 @@ async def test_a_commit_the_syncer_carries_returns_only_after_its_sync_while_the
     later emits commit (another connection sees all of them) and the last one, synced by the writer
     itself, returns; the earlier ones wait for the held sync of the syncer thread."""
     jobs = signal.once("sync.group", optional=True)
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         tasks, let_go = await _queue_behind_a_held_writer(app, jobs, 3)
         gate.syncer_only, gate.armed = True, True
         let_go.set()
@@ -220,7 +223,7 @@ async def test_a_commit_the_syncer_carries_returns_only_after_its_sync_while_the
 async def test_concurrent_emits_share_syncs(sqlite_url, gate):
     """Emits that queue up behind the writer are synced a few at a time, not one sync each."""
     jobs = signal.once("sync.share", optional=True)
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         tasks, let_go = await _queue_behind_a_held_writer(app, jobs, 20)
         gate.pause_s = 0.02  # a slow disk: commits pile up while a sync runs
         gate.calls = 0
@@ -235,7 +238,7 @@ async def test_a_failed_sync_of_the_syncer_fails_every_commit_it_carried(sqlite_
     """The syncer's failed sync is an outage for each call it carried (none returns as stored); the
     writer reopens its connection and the next emit works."""
     jobs = signal.once("sync.groupfail", optional=True)
-    async with oke("t", database_url=sqlite_url) as app:
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
         tasks, let_go = await _queue_behind_a_held_writer(app, jobs, 3)
         gate.syncer_only, gate.pause_s = True, 0.05  # the syncer's first sync carries the blocker and emit 0
         gate.fail_next = OSError(errno.EIO, "Input/output error")

@@ -9,10 +9,14 @@ from sqlalchemy.exc import ArgumentError
 
 from ..errors import StoreUnavailable
 from .base import Claimed, NewMessage, Outcome, Store, queue_name
+from .sqlite_file import BUSY_TIMEOUT_MS
+
+# Where a SQLite store writes its hot path (engine/store/sqlite_process.py): the default first.
+SQLITE_WRITERS = ("process", "thread")
 
 DEFAULT_URL = "sqlite+aiosqlite:///.oke/oke.db"
 
-__all__ = ["Claimed", "NewMessage", "Outcome", "Store", "queue_name", "resolve_url", "make_store"]
+__all__ = ["SQLITE_WRITERS", "Claimed", "NewMessage", "Outcome", "Store", "queue_name", "resolve_url", "make_store"]
 
 
 def resolve_url(database_url: str | None) -> str:
@@ -20,11 +24,14 @@ def resolve_url(database_url: str | None) -> str:
     return database_url or os.environ.get("OKE_DATABASE_URL") or DEFAULT_URL
 
 
-def make_store(database_url: str | None = None, *, busy_timeout_ms: int | None = None) -> Store:
+def make_store(
+    database_url: str | None = None, *, busy_timeout_ms: int | None = None, sqlite_writer: str = SQLITE_WRITERS[0]
+) -> Store:
     """A closed store for the url; `await store.open()` connects and creates the schema.
 
-    `busy_timeout_ms` (SQLite only) is how long a write waits for another process's lock before
-    failing as an outage; default 30 s.
+    SQLite only: `busy_timeout_ms` is how long a write waits for another process's lock before
+    failing as an outage (default 30 s); `sqlite_writer` is where emits, claims and settles are
+    written: "process" (a writer process the store starts) or "thread" (a thread of this process).
     """
     url = resolve_url(database_url)
     try:
@@ -38,7 +45,7 @@ def make_store(database_url: str | None = None, *, busy_timeout_ms: int | None =
         from .sqlite import SqliteStore
 
         try:
-            return SqliteStore(url) if busy_timeout_ms is None else SqliteStore(url, busy_timeout_ms)
+            return SqliteStore(url, BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms, sqlite_writer)
         except ValueError as err:
             raise StoreUnavailable(str(err)) from err
     if backend == "postgresql":

@@ -196,12 +196,15 @@ class Store(abc.ABC):
         """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
 
     # Claims one worker may have in flight at once, each on its own connection. More than one lets
-    # a worker claim ahead of its free slots (engine/worker/claim_ahead.py); SQLite's claims queue on its one
-    # writer thread anyway, so it keeps one.
+    # a worker claim ahead of its free slots (engine/worker/claim_ahead.py); claims that would only
+    # queue on one writer thread (SQLite's, when it is not a process of its own) keep one.
     concurrent_claims: int = 1
 
     # The most rows one claim asks for when a worker claims ahead (engine/worker/claim_ahead.py).
     claim_rows_max: int = 64
+
+    # The most messages a worker holds claimed ahead of its handler slots (claim_ahead.py).
+    ahead_rows_max: int = 128
 
     # True where settling and claiming in one transaction saves a commit without losing overlap:
     # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
