@@ -11,7 +11,9 @@ Each message's payload is its plan: how many attempts fail (some fail them all a
 which attempt sleeps past the short lease. While the messages are emitted, a killer SIGKILLs a
 random worker every few seconds and starts a new one (a new worker id: `w<slot>.<incarnation>`);
 after every second kill it also stops another worker cleanly (which hands what it claimed ahead
-back to pending) and starts a new one there too,
+back to pending) and starts a new one there too; on SQLite one worker writes through its writer
+process (`sqlite_writer="process"`), which is SIGKILLed on its own every few seconds, and the other
+on its writer thread,
 PostgreSQL is restarted (fast, immediate = crash recovery, and stopped for a few seconds), every
 attempt of a share of the messages appends an event to the live tape `chaos.tape`, `chaos.jobs` is
 paused for a few seconds now and then (2-3 windows; `engine.ops.pause` / `resume`, the second window
@@ -126,6 +128,9 @@ class Config:
     pause_windows: int = 3        # the jobs signal is paused this many times during the run (SPEC §11)
     pause_for: tuple[float, float] = (3.0, 6.0)    # each pause lasts this long (s)
     pause_gap: tuple[float, float] = (10.0, 20.0)  # before each pause (s)
+    # SQLite: odd slots write on the thread (`sqlite_writer="thread"`), even ones in the writer
+    # process, which is SIGKILLed on its own (the worker lives on) this often
+    writer_kill_every: tuple[float, float] = (1.0, 2.5)
 
 
 def profile(backend: str, short: bool, seed: int) -> Config:
@@ -254,6 +259,16 @@ async def _exited(proc: subprocess.Popen, deadline: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def _children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        pass  # it ended meanwhile
+    return found
+
+
 class Workers:
     """Worker subprocesses by slot; each (re)start is a new incarnation with a new worker id."""
 
@@ -275,7 +290,8 @@ class Workers:
         proc = subprocess.Popen(
             [*self.prefix(slot), sys.executable, str(WORKER), "--url", self.url_of(slot), "--dir", str(self.dir),
              "--worker-id", wid, "--lease-ms", str(self.cfg.lease_ms), "--concurrency", str(self.cfg.concurrency),
-             "--retries", str(self.cfg.retries), "--slow-ms", str(self.cfg.slow_ms), *self.extra_args(slot)],
+             "--retries", str(self.cfg.retries), "--slow-ms", str(self.cfg.slow_ms), *self.writer_args(slot),
+             *self.extra_args(slot)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
         self.current[slot] = (wid, proc)
@@ -291,6 +307,23 @@ class Workers:
 
     def extra_args(self, slot: int) -> list[str]:
         return []
+
+    def writer_args(self, slot: int) -> list[str]:
+        """SQLite: odd slots keep the writer on a thread; even ones run the writer process."""
+        return ["--sqlite-writer", "thread"] if self.cfg.backend == "sqlite" and slot % 2 else []
+
+    def kill_writer(self, slot: int) -> str | None:
+        """SIGKILL the SQLite writer process of the worker in `slot` (not the worker); its id."""
+        wid, proc = self.current[slot]
+        for child in _children_of(proc.pid):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sqlite_child" in cmdline:
+                os.kill(child, os_signal.SIGKILL)
+                return wid
+        return None
 
     def kill(self, slot: int) -> str:
         wid, proc = self.current.pop(slot)
@@ -372,6 +405,7 @@ class Observed:
     uncertain: Counter[int] = field(default_factory=Counter)  # n -> emits that raised (maybe stored)
     emit_errors: Counter[str] = field(default_factory=Counter)
     kills: list[tuple[float, str]] = field(default_factory=list)
+    writer_kills: list[tuple[float, str]] = field(default_factory=list)  # SQLite writer processes SIGKILLed
     clean_stops: list[tuple[float, str]] = field(default_factory=list)
     restarts: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, mode)
     restart_errors: list[str] = field(default_factory=list)
@@ -463,6 +497,25 @@ async def killer(workers: Workers, cfg: Config, obs: Observed, stop: asyncio.Eve
             other = (slot + 1 + stops.randrange(cfg.workers - 1)) % cfg.workers
             obs.clean_stops.append((time.time(), await workers.stop_one(other)))
             workers.start(other)
+
+
+async def writer_killer(workers: Workers, cfg: Config, obs: Observed, stop: asyncio.Event) -> None:
+    """SQLite: SIGKILL a worker's writer process now and then; the worker must go on with a new one."""
+    rng = random.Random(cfg.seed + 3)
+    process_slots = [slot for slot in range(cfg.workers) if not workers.writer_args(slot)]
+    wait = rng.uniform(*cfg.writer_kill_every)
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), wait)
+            return
+        except TimeoutError:
+            pass
+        slot = rng.choice(process_slots)
+        if slot in workers.current and (wid := workers.kill_writer(slot)) is not None:
+            obs.writer_kills.append((time.time(), wid))
+            wait = rng.uniform(*cfg.writer_kill_every)
+        else:
+            wait = 0.2  # the worker was just restarted (no writer yet): try again soon
 
 
 async def restarter(pg: Any, cfg: Config, obs: Observed, progress: asyncio.Event) -> None:
@@ -788,6 +841,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
     lease_ms = cfg.lease_ms
     by_n = {p.n: p for p in plan}
     killed = set(workers.killed)
+    writers_killed = {wid for _at, wid in obs.writer_kills}
 
     # ---------------------------------------------------------------- figures
     status = Counter(m[3] for m in msgs)
@@ -899,9 +953,11 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                 lost_kinds["lease lost (run lease_lost)"] += 1
             elif att is not None and att.worker in killed:
                 lost_kinds["holder SIGKILLed"] += 1
+            elif att is not None and att.worker in writers_killed:
+                lost_kinds["holder's writer process SIGKILLed (its settle's reply lost)"] += 1
             elif att is not None and given_up.get((mid, a)) == att.worker:
                 lost_kinds["holder stopped in an outage, its settle given up"] += 1
-            elif (att is None or att.start is None) and killed:
+            elif (att is None or att.start is None) and (killed or writers_killed):
                 lost_kinds["claimed, holder killed before the handler ran"] += 1
             elif (att is None or att.start is None) and obs.partitions:
                 lost_kinds["claimed, the reply lost in a network partition"] += 1
@@ -1103,7 +1159,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
                             f"{lines[min(bad[0] + 30, len(lines) - 1)]}")
     rep.check("workers", not problems,
               f"{len(workers.all)} incarnations, {len(workers.killed)} SIGKILLed, the rest stopped cleanly; "
-              f"no tracebacks but asyncpg's reconnect warnings", problems)
+              f"{len(obs.writer_kills)} SQLite writer processes SIGKILLed under a live worker; no tracebacks but asyncpg's reconnect warnings", problems)
     check_time_order(rep, cfg, plan, obs, logged, timed)
     if obs.pause_planned:
         check_pause(rep, obs, logged, created, paused_now)
@@ -1244,6 +1300,8 @@ async def run(cfg: Config, keep: bool) -> bool:
                        asyncio.create_task(dedupe_watcher(url, obs, stop_readers))]
             chaos = [asyncio.create_task(killer(workers, cfg, obs, stop_chaos)),
                      asyncio.create_task(pauser(app, url, cfg, obs))]
+            if cfg.backend == "sqlite":
+                chaos.append(asyncio.create_task(writer_killer(workers, cfg, obs, stop_chaos)))
             if pg is not None:
                 chaos.append(asyncio.create_task(restarter(pg, cfg, obs, progress)))
             emitting = asyncio.create_task(emitter(app, jobs, cfg, plan, obs, progress))

@@ -1,9 +1,12 @@
-"""The SQLite store: WAL, one writer thread per process, whole transactions per hop.
+"""The SQLite store: WAL, whole transactions per hop, the hot ones in a writer process.
 
-The store owns two threads (sqlite_thread.py): a writer that runs each claim, settle or enqueue as
-one `BEGIN IMMEDIATE … COMMIT` hop, and a reader for the console's queries. Several processes may
-open one file; they meet through SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`)
-and wake each other by watching the WAL file change.
+Each claim, settle or enqueue is one `BEGIN IMMEDIATE … COMMIT` (sqlite_tx.py), run by a writer
+process the store starts (sqlite_process.py; `sqlite_writer="thread"`: on its writer thread).
+The store also owns two threads (sqlite_thread.py): a writer for every other write (the operator's
+and the engine's closures over a SQLAlchemy connection; it pauses the writer process meanwhile)
+and a reader for the console's queries. Several processes may open one file; they meet through
+SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`) and wake each other by
+watching the WAL file change.
 
 Every commit is on disk before its call returns, as with `synchronous=FULL`, but the WAL's fsync is
 the store's own (SQLite runs at `synchronous=NORMAL`): a claim hands its messages to the handlers

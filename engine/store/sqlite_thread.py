@@ -1,10 +1,11 @@
 """A thread that owns one SQLite connection and runs every call on it, whole.
 
 aiosqlite hands every call to its thread (about 90% of stdlib sqlite3's speed lost on a claim
-loop), so the SQLite store owns two of these instead: a writer that runs each claim, settle or
-enqueue as one `BEGIN IMMEDIATE … COMMIT`, and a reader for the console's queries. The writer's
-commits are made durable by its WalSyncer (walsync.py): synced on the writer's own thread when
-nothing else is waiting for it, else by the syncer beside it, many commits a sync.
+loop), so the SQLite store owns two of these instead: a writer that runs each write as one
+`BEGIN IMMEDIATE … COMMIT` (the hot ones too, with `sqlite_writer="thread"`), and a reader for the
+console's queries. The writer's commits are made durable by its WalSyncer (walsync.py) through its
+StoreFile (sqlite_file.py): synced on the writer's own thread when nothing else is waiting for
+it, else by the syncer beside it, many commits a sync.
 """
 
 from __future__ import annotations

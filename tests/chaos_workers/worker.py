@@ -148,6 +148,7 @@ async def main() -> None:
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--slow-ms", type=int, default=2500)
     parser.add_argument("--probe-ms", type=int, default=0)
+    parser.add_argument("--sqlite-writer", default="process", choices=("process", "thread"))
     args = parser.parse_args()
     # The worker pool's INFO lines (what a clean stop handed back) go to the log the run reads.
     workers_log = logging.getLogger("engine.worker")
@@ -159,7 +160,7 @@ async def main() -> None:
     if args.probe_ms:
         on(signal.once(PROBE), flow("chaos.prober", do=lambda p, fx: None))
     app = oke("chaos-worker", database_url=args.url, lease_ms=args.lease_ms, worker_id=args.worker_id,
-              stop_grace_s=5.0)
+              stop_grace_s=5.0, sqlite_writer=args.sqlite_writer)
     stop_files = (args.dir / "stop", args.dir / f"stop-{args.worker_id}")  # every worker's, or this one's
 
     async def watch_stop() -> None:
