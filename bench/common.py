@@ -180,24 +180,30 @@ def speed_probe_ms() -> float:
     return best * 1e3
 
 
+def _children() -> list[int]:
+    """This process's live child processes."""
+    pids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
 def tree_cpu_s() -> float:
     """CPU seconds of this process and its live children (the SQLite store's writer process): a
     drain's client CPU wherever the engine runs it."""
     total = time.process_time()
     tick = os.sysconf("SC_CLK_TCK")
-    for task in os.listdir("/proc/self/task"):
+    for pid in _children():
         try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                children = f.read().split()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        for pid in children:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # ended meanwhile
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            continue  # ended meanwhile
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
 
 
@@ -273,9 +279,16 @@ def wal_fields(before: dict, after: dict, n: int) -> dict:
 
 
 def proc_io_written() -> int:
-    """Bytes this process handed to write() so far (/proc/self/io wchar): SQLite's WAL traffic."""
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+    """Bytes this process and its live children (the SQLite writer process) handed to write() so
+    far (/proc/PID/io wchar): SQLite's WAL traffic."""
+    total = 0
+    for pid in ["self", *map(str, _children())]:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+        except OSError:
+            continue  # ended meanwhile
+    return total
 
 
 async def pg_prepare_table(dsn: str, table: str) -> None:

@@ -250,3 +250,21 @@ def _row(n: int) -> Any:
     from engine.store import NewMessage
 
     return NewMessage(new_id("msg_"), "wp.loops", "wp.loops", None, None, str(n), 0, False, None, now_ms())
+
+
+@pytest.mark.parametrize("executable, says", [
+    ("/nonexistent/python", r"cannot start the SQLite writer process"),
+    ("/bin/false", r"writer process \(pid \d+\) ended"),
+], ids=["missing", "exits at once"])
+async def test_a_writer_process_that_cannot_start_is_an_outage_that_names_the_thread_writer(
+        sqlite_url, monkeypatch, executable, says):
+    """An interpreter that cannot start the child (a frozen executable, a missing binary): the emit
+    fails with StoreUnavailable naming the way out, and the thread writer works there."""
+    jobs = signal.once("wp.nostart", optional=True)
+    monkeypatch.setattr(sys, "executable", executable)
+    async with oke("t", database_url=sqlite_url) as app:
+        with pytest.raises(StoreUnavailable, match=says + r".*sqlite_writer='thread'"):
+            await asyncio.wait_for(app.emit(jobs, {"n": 1}), 10)
+    async with oke("t", database_url=sqlite_url, sqlite_writer="thread") as app:
+        await app.emit(jobs, {"n": 2})
+    assert await scalar(sqlite_url, "SELECT json_group_array(json_extract(payload, '$.n')) FROM oke_messages") == "[2]"

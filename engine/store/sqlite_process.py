@@ -45,6 +45,8 @@ from engine.store.sqlite_child import main
 main(path, int(busy_timeout_ms), int(fd))
 """
 CLOSE_WAIT_S = 30.0  # a close waits this long for the child's last transaction and sync
+# A start that fails may fail every time (a frozen executable cannot run `python -I -S -c`).
+_THREAD_HINT = "; where this interpreter cannot start one, use oke(..., sqlite_writer='thread')"
 
 
 class _Link(asyncio.Protocol):
@@ -71,11 +73,14 @@ class _Link(asyncio.Protocol):
             )
         except OSError as err:
             ours.close()
-            raise StoreUnavailable(f"SQLite store {path}: cannot start its writer process ({err})") from err
+            failed = f"cannot start the SQLite writer process ({err})"
+            raise StoreUnavailable(f"{failed}{_THREAD_HINT} (store {path})") from err
         finally:
             theirs.close()
-        connecting = self.loop.create_task(self.loop.connect_accepted_socket(lambda: self, ours))
-        connecting.add_done_callback(self._connected)
+        self.answered = False  # a child that ends before its first answer may not start here at all
+        self.connecting = self.loop.create_task(self.loop.connect_accepted_socket(lambda: self, ours))
+        self.connecting.add_done_callback(self._connected)
+        self.reaping: asyncio.Task[None] | None = None
 
     def _connected(self, task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -89,6 +94,7 @@ class _Link(asyncio.Protocol):
         self.backlog.clear()
 
     def data_received(self, data: bytes) -> None:
+        self.answered = True
         for rid, ok, value in self.frames.feed(data):
             if rid == LOG:
                 log.log(logging.getLevelName(ok.upper()), "%s", value)
@@ -104,7 +110,10 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         code = self.proc.poll()
         ended = "ended" if code is None else f"ended with exit code {code}"
-        self.lost = StoreUnavailable(f"SQLite store {self.path}: its writer process (pid {self.proc.pid}) {ended}")
+        hint = "" if self.answered else _THREAD_HINT
+        what = f"the SQLite writer process (pid {self.proc.pid}) {ended}"
+        self.lost = StoreUnavailable(f"{what}{hint} (store {self.path})")
+        self.reaping = self.loop.create_task(_reaped(self.proc))  # no zombie left behind
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(self.lost)
@@ -138,7 +147,7 @@ class _Link(asyncio.Protocol):
 
     def abandon(self) -> None:
         """End the child from outside its loop (that loop may be closed): it sees its socket close."""
-        self.lost = self.lost or StoreUnavailable(f"SQLite store {self.path}: its writer process was left")
+        self.lost = self.lost or StoreUnavailable(f"the SQLite writer process was left (store {self.path})")
         self.sock.close()
 
 
