@@ -187,26 +187,38 @@ async def test_ctrl_c_to_the_group_leaves_the_writer_running(sqlite_url):
 
 
 def test_the_writer_process_ends_when_its_parent_is_killed(sqlite_url, tmp_path):
-    """A parent SIGKILLed mid-run (no close, no cleanup): its writer sees the socket close and
-    exits, so no orphan keeps the store file open."""
+    """A parent SIGKILLed mid-run (no close, no cleanup) while it emits without pause: its writer
+    sees the socket close (or reset, with answers unread) and exits quietly, so no orphan keeps the
+    store file open and no traceback lands in the app's log (the writer shares its stderr)."""
     script = tmp_path / "parent.py"
+    # The parent sends emits its writer must wait for (another connection holds the write lock),
+    # then blocks its loop: the answers, written once the lock goes, stay unread in its socket, so
+    # its death resets the writer's end instead of closing it.
     script.write_text(textwrap.dedent(f"""
-        import asyncio, os, sys
+        import asyncio, sqlite3, sys, threading, time
         sys.path.insert(0, {str(REPO)!r})
         from engine import oke, signal
         jobs = signal.once("wp.orphan", optional=True)
 
         async def main():
             async with oke("t", database_url={sqlite_url!r}) as app:
-                await app.emit(jobs, 1)
+                await app.emit(jobs, 0)
+                blocker = sqlite3.connect({sqlite_url.split("///", 1)[1]!r}, isolation_level=None,
+                                          check_same_thread=False)
+                blocker.execute("BEGIN IMMEDIATE")
+                emits = [asyncio.create_task(app.emit(jobs, n)) for n in range(1, 21)]
+                await asyncio.sleep(0.3)
+                threading.Timer(0.3, lambda: blocker.execute("ROLLBACK")).start()
                 print("ready", flush=True)
-                await asyncio.sleep(60)
+                time.sleep(60)
 
         asyncio.run(main())
     """))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the lock is gone and the writer has answered: unread
         children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
         writers = [int(p) for p in children if b"sqlite_child" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(writers) == 1
@@ -216,6 +228,8 @@ def test_the_writer_process_ends_when_its_parent_is_killed(sqlite_url, tmp_path)
         while alive(writers[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(writers[0]), "the writer outlived its SIGKILLed parent"
+        assert parent.stderr is not None
+        assert "Traceback" not in parent.stderr.read()  # the writer's, after its parent died
     finally:
         parent.kill()
         parent.wait(10)

@@ -45,7 +45,10 @@ class Inbox:
     def _read(self, block: bool) -> None:
         if not block and not select.select([self.sock], [], [], 0)[0]:
             return
-        data = self.sock.recv(READ_BYTES)
+        try:
+            data = self.sock.recv(READ_BYTES)
+        except ConnectionResetError:  # the parent died with answers unread: gone all the same
+            data = b""
         if not data:
             self.ended = True
             return
