@@ -20,6 +20,8 @@ PAYLOAD_BODY = "hello world"          # payload of message i: {"n": i, "body": "
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
 
+from prockit import children, tree_cpu_s  # noqa: E402
+
 
 ENGINE_ENV = "OKE_BENCH_ENGINE_DIR"
 
@@ -180,33 +182,6 @@ def speed_probe_ms() -> float:
     return best * 1e3
 
 
-def _children() -> list[int]:
-    """This process's live child processes."""
-    pids: list[int] = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(pid) for pid in f.read().split()]
-        except OSError:
-            continue
-    return pids
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and its live children (the SQLite store's writer process): a
-    drain's client CPU wherever the engine runs it."""
-    total = time.process_time()
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in _children():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
 class Window:
     """The timed window of one run: wall, this process's CPU (with its children's), the PostgreSQL server's CPU, and
     how busy the whole machine was — `foreign_cores` is CPU used by anything else (other
@@ -282,7 +257,7 @@ def proc_io_written() -> int:
     """Bytes this process and its live children (the SQLite writer process) handed to write() so
     far (/proc/PID/io wchar): SQLite's WAL traffic."""
     total = 0
-    for pid in ["self", *map(str, _children())]:
+    for pid in ["self", *map(str, children())]:
         try:
             with open(f"/proc/{pid}/io") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("wchar"))

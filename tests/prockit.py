@@ -13,6 +13,33 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "workers" / "once_worker.py"
 
 
+def children() -> list[int]:
+    """This process's live child processes (the SQLite store's writer process among them)."""
+    pids: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and its live children: a drain's or a wait's CPU wherever the
+    engine spends it (the SQLite writer runs in a process of its own)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in children():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 async def until(check, what: str, timeout: float = 60.0, every: float = 0.05):
     """Poll the async predicate `check` until it is truthy (a hang guard, not a speed check)."""
     deadline = time.monotonic() + timeout

@@ -86,6 +86,9 @@ async def test_the_thread_writer_starts_no_process(sqlite_url):
 def test_a_writer_that_is_not_process_or_thread_is_refused_before_anything_starts(sqlite_url):
     with pytest.raises(ValueError, match=r"sqlite_writer=.*'process' or 'thread', got 'fork'"):
         oke("t", database_url=sqlite_url, sqlite_writer="fork")
+    with pytest.raises(ValueError, match=r"sqlite_writer: 'process' or 'thread', got 'Process'"):
+        make_store(sqlite_url, sqlite_writer="Process")
+    assert not Path(sqlite_url.split("///", 1)[1]).exists()
 
 
 async def test_a_call_in_flight_when_the_writer_dies_is_an_outage_and_the_next_emit_gets_a_new_writer(sqlite_url):

@@ -33,6 +33,8 @@ def make_store(
     failing as an outage (default 30 s); `sqlite_writer` is where emits, claims and settles are
     written: "process" (a writer process the store starts) or "thread" (a thread of this process).
     """
+    if sqlite_writer not in SQLITE_WRITERS:
+        raise ValueError(f"sqlite_writer: {' or '.join(map(repr, SQLITE_WRITERS))}, got {sqlite_writer!r}")
     url = resolve_url(database_url)
     try:
         parsed = make_url(url)
