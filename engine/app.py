@@ -28,7 +28,7 @@ from .live.appender import AppendInterrupted, LiveAppender
 from .retention import parse_policy
 from .runtime import HttpRuntime, Runtime, not_started
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
-from .store import SQLITE_WRITERS, NewMessage, Store, make_store, queue_name, registry, resolve_url
+from .store import NewMessage, Store, check_sqlite_writer, make_store, queue_name, registry, resolve_url
 from .store.caller import check_caller_connection
 from .store.outage import describe, is_outage
 from .telemetry import RunHooks, tracing
@@ -85,8 +85,7 @@ class OkeApp:
             raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {busy_timeout_ms!r}")
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
         self.busy_timeout_ms = busy_timeout_ms
-        if sqlite_writer not in SQLITE_WRITERS:
-            raise ValueError(f"oke(sqlite_writer=...): {' or '.join(map(repr, SQLITE_WRITERS))}, got {sqlite_writer!r}")
+        check_sqlite_writer(sqlite_writer, "oke(sqlite_writer=...)")
         self.sqlite_writer = sqlite_writer  # SQLite: where emits, claims and settles are written
         self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
         self.worker_heartbeat_s = _heartbeat_s(worker_heartbeat_s)  # how often a running pool records itself

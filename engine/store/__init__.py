@@ -16,12 +16,28 @@ SQLITE_WRITERS = ("process", "thread")
 
 DEFAULT_URL = "sqlite+aiosqlite:///.oke/oke.db"
 
-__all__ = ["SQLITE_WRITERS", "Claimed", "NewMessage", "Outcome", "Store", "queue_name", "resolve_url", "make_store"]
+__all__ = [
+    "SQLITE_WRITERS",
+    "Claimed",
+    "NewMessage",
+    "Outcome",
+    "Store",
+    "check_sqlite_writer",
+    "make_store",
+    "queue_name",
+    "resolve_url",
+]
 
 
 def resolve_url(database_url: str | None) -> str:
     """The explicit url, else env OKE_DATABASE_URL, else the embedded SQLite default."""
     return database_url or os.environ.get("OKE_DATABASE_URL") or DEFAULT_URL
+
+
+def check_sqlite_writer(writer: object, where: str) -> None:
+    """ValueError naming `where` unless `writer` is one of SQLITE_WRITERS."""
+    if writer not in SQLITE_WRITERS:
+        raise ValueError(f"{where}: {' or '.join(map(repr, SQLITE_WRITERS))}, got {writer!r}")
 
 
 def make_store(
@@ -33,8 +49,7 @@ def make_store(
     failing as an outage (default 30 s); `sqlite_writer` is where emits, claims and settles are
     written: "process" (a writer process the store starts) or "thread" (a thread of this process).
     """
-    if sqlite_writer not in SQLITE_WRITERS:
-        raise ValueError(f"sqlite_writer: {' or '.join(map(repr, SQLITE_WRITERS))}, got {sqlite_writer!r}")
+    check_sqlite_writer(sqlite_writer, "sqlite_writer")
     url = resolve_url(database_url)
     try:
         parsed = make_url(url)

@@ -203,9 +203,6 @@ class Store(abc.ABC):
     # The most rows one claim asks for when a worker claims ahead (engine/worker/claim_ahead.py).
     claim_rows_max: int = 64
 
-    # The most messages a worker holds claimed ahead of its handler slots (claim_ahead.py).
-    ahead_rows_max: int = 128
-
     # True where settling and claiming in one transaction saves a commit without losing overlap:
     # SQLite runs both on its one writer thread anyway, so one fsync replaces two.
     settles_with_claims: bool = False

@@ -76,18 +76,23 @@ def insert_plain(raw: sqlite3.Connection, params: list[Row]) -> None:
     raw.executemany(SQLITE_INSERT, params).close()
 
 
+def timed_params(row: Row, now: int) -> Row:
+    """SQLITE_INSERT_TIMED's parameters for a timed row: SQLITE_INSERT's parameters followed by
+    (delay_ms, run_at, priority, dedupe). A delay counts from `now`, this machine's clock (the claim's)."""
+    *plain, delay_ms, run_at, priority, dedupe = row
+    return (*plain, now + delay_ms if delay_ms is not None else run_at, priority, dedupe)
+
+
 def insert_timed(raw: sqlite3.Connection, rows: list[Row]) -> str | None:
-    """Rows with time or order options, one by one: each is SQLITE_INSERT's parameters followed by
-    (delay_ms, run_at, priority, dedupe). Returns the first row's dedupe holder when its key is
-    held, else None. A delay counts from this machine's clock, the claim's."""
+    """Rows with time or order options (see `timed_params`), one by one. Returns the first row's
+    dedupe holder when its key is held, else None."""
     now = now_ms()
     holder = None
     for i, row in enumerate(rows):
-        *plain, delay_ms, run_at, priority, dedupe = row
-        due = now + delay_ms if delay_ms is not None else run_at
-        stored = raw.execute(SQLITE_INSERT_TIMED, (*plain, due, priority, dedupe)).rowcount
+        params = timed_params(row, now)
+        stored = raw.execute(SQLITE_INSERT_TIMED, params).rowcount
         if not stored and i == 0:
-            holder = raw.execute(SQLITE_HOLDER, (plain[2], dedupe)).fetchone()[0]
+            holder = raw.execute(SQLITE_HOLDER, (params[2], params[-1])).fetchone()[0]  # queue, dedupe
     return holder
 
 

@@ -16,9 +16,10 @@ from .state import Waiting, log
 AHEAD_LEASE_SHARE = 0.5
 # Fast handlers finish far more than `concurrency` messages while one claim is on the wire, and each
 # round trip costs the client more CPU than the handlers of a small batch. So a worker may hold up
-# to AHEAD_MAX × concurrency (at most the store's `ahead_rows_max`) beyond its running ones, and one claim may ask
-# for all of that (CLAIM_MAX × concurrency is more than the hold allows), at most the store's
-# `claim_rows_max`. Measured (bench/ONCE.md, bench/ab.py): on PostgreSQL at 8 handlers caps of 1×
+# to AHEAD_MAX × concurrency (at most the store's `claim_rows_max` per claim in flight: 128 on
+# PostgreSQL and on SQLite's writer thread, 256 with SQLite's writer process) beyond its running
+# ones, and one claim may ask for all of that (CLAIM_MAX × concurrency is more than the hold
+# allows), at most `claim_rows_max`. Measured (bench/ONCE.md, bench/ab.py): on PostgreSQL at 8 handlers caps of 1×
 # and 1× gave 7,300 msgs/s at 64 µs of client CPU a message, 4× and 6× gave 13,800 at 30 µs; claims
 # of 8× instead of 4× gave 8 % more at 8 handlers, 39 % at 1 (on SQLite 10 % and 57 %); at 32
 # handlers claims of 128 rows gained nothing on PostgreSQL, and 12 % on SQLite (store/sqlite.py).
@@ -46,12 +47,12 @@ class ClaimAhead(Running):
 
     def _ahead(self) -> int:
         """Messages the handlers finish, on average, while one claim is on the wire (at most
-        AHEAD_MAX × `concurrency`, and the store's `ahead_rows_max`). Rounded down: handlers slower than
+        AHEAD_MAX × `concurrency`, and `claim_rows_max` per claim in flight). Rounded down: handlers slower than
         `concurrency` claims take none, so a message never waits here behind a slow handler while
         another worker is free."""
         if not self.claim_s or not self.handler_s:
             return 0
-        cap = min(AHEAD_MAX * self.concurrency, self.store.ahead_rows_max)
+        cap = min(AHEAD_MAX * self.concurrency, self.store.concurrent_claims * self.store.claim_rows_max)
         return min(cap, int(self.concurrency * self.claim_s / self.handler_s))
 
     def _start(self, batch: list[Claimed], claimed_at: float) -> None:
