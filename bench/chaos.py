@@ -92,6 +92,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from prockit import children  # noqa: E402
+
 WORKER = REPO / "tests" / "chaos_workers" / "worker.py"
 JOBS, TAPE, FLOW = "chaos.jobs", "chaos.tape", "chaos.worker"
 # What fx.emit raises when the store may or may not have committed the append (engine/app.py).
@@ -259,16 +261,6 @@ async def _exited(proc: subprocess.Popen, deadline: float) -> None:
         await asyncio.sleep(0.05)
 
 
-def _children_of(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except OSError:
-        pass  # it ended meanwhile
-    return found
-
-
 class Workers:
     """Worker subprocesses by slot; each (re)start is a new incarnation with a new worker id."""
 
@@ -315,7 +307,7 @@ class Workers:
     def kill_writer(self, slot: int) -> str | None:
         """SIGKILL the SQLite writer process of the worker in `slot` (not the worker); its id."""
         wid, proc = self.current[slot]
-        for child in _children_of(proc.pid):
+        for child in children(proc.pid):
             try:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:

@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from prockit import children  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,7 +43,7 @@ def thread_cpu() -> dict[str, tuple[float, float]]:
     process); the main thread is named `loop`."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[str, tuple[float, float]] = {}
-    for pid, label in [(os.getpid(), "thread"), *[(c, "writer process thread") for c in _children()]]:
+    for pid, label in [(os.getpid(), "thread"), *[(c, "writer process thread") for c in children()]]:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -49,16 +52,6 @@ def thread_cpu() -> dict[str, tuple[float, float]]:
             name = "loop" if int(tid) == os.getpid() else f"{label} {tid}"
             found[name] = (int(fields[11]) / tick, int(fields[12]) / tick)
     return found
-
-
-def _children() -> list[int]:
-    pids = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            pids += [int(p) for p in Path(f"/proc/self/task/{tid}/children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return pids
 
 
 async def one_drain(messages: int, handlers: int, options: dict[str, str]) -> str:

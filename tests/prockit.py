@@ -13,13 +13,18 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "workers" / "once_worker.py"
 
 
-def children() -> list[int]:
-    """This process's live child processes (the SQLite store's writer process among them)."""
+def children(pid: int | str = "self") -> list[int]:
+    """The live child processes of `pid` (this process by default; the SQLite store's writer
+    process among them); none when `pid` has ended."""
     pids: list[int] = []
-    for task in os.listdir("/proc/self/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return pids
+    for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(pid) for pid in f.read().split()]
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                pids += [int(child) for child in f.read().split()]
         except OSError:
             continue
     return pids

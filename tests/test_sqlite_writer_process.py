@@ -24,7 +24,7 @@ import pytest
 
 from engine import StoreUnavailable, flow, oke, on, ops, signal
 from engine.store import make_store
-from prockit import until
+from prockit import children, until
 from workers.db import scalar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,17 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def writer_pids() -> list[int]:
     """This process's children running the SQLite writer."""
-    pids = []
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            for pid in f.read().split():
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"sqlite_child" in cmdline:
-                    pids.append(int(pid))
-    return pids
+    return [pid for pid in children() if is_writer(pid)]
+
+
+def is_writer(pid: int) -> bool:
+    try:
+        return b"sqlite_child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False  # ended meanwhile
 
 
 def alive(pid: int) -> bool:
@@ -222,8 +219,7 @@ def test_the_writer_process_ends_when_its_parent_is_killed(sqlite_url, tmp_path)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # the lock is gone and the writer has answered: unread
-        children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
-        writers = [int(p) for p in children if b"sqlite_child" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        writers = [pid for pid in children(parent.pid) if is_writer(pid)]
         assert len(writers) == 1
         parent.kill()
         parent.wait(10)
