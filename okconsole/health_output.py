@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 
 from engine.ops import DoctorCheck, WorkerInfo
 
-from .cli_tables import KEEP, WRAP, Column, Grid, render
+from .cli_tables import KEEP, WRAP, Column, Grid, render, safe
 from .output import duration, when
 
 # what tells stuck from slow first; a narrow terminal drops App, Started and Pid
@@ -36,21 +35,21 @@ def orphaned_cell(n: int) -> str:
 
 def render_workers(out: Console, rows: list[WorkerInfo], db: str) -> None:
     if not rows:
-        out.print(f"No worker seen in the last hour in {escape(db)}.")
+        out.print(f"No worker seen in the last hour in {safe(db)}.")
         return
     table = Grid([Column(n, KEEP, n in NUMERIC) for n in WORKER_COLUMNS], drop=("App", "Started", "Pid"))
     for w in rows:
         seen = "never recorded" if w.seen_ago_ms is None else f"{duration(w.seen_ago_ms)} ago"
         table.add(
-            escape(w.worker_id),
+            safe(w.worker_id),
             f"[{STATE_STYLE.get(w.state, '')}]{w.state}[/]",
             str(w.leases),
             orphaned_cell(w.orphaned),
             seen,
             str(w.held),
             "-" if w.concurrency is None else str(w.concurrency),
-            escape(w.app or "-"),
-            escape(w.host or "-"),
+            safe(w.app or "-"),
+            safe(w.host or "-"),
             "-" if w.pid is None else str(w.pid),
             when(w.started_at),
         )
@@ -60,5 +59,5 @@ def render_workers(out: Console, rows: list[WorkerInfo], db: str) -> None:
 def render_doctor(out: Console, checks: list[DoctorCheck]) -> None:
     table = Grid([Column("Check"), Column("Status"), Column("Detail", WRAP)])
     for c in checks:
-        table.add(escape(c.check), f"[{STATUS_STYLE.get(c.status, '')}]{c.status}[/]", escape(c.detail))
+        table.add(safe(c.check), f"[{STATUS_STYLE.get(c.status, '')}]{c.status}[/]", safe(c.detail))
     render(out, table)

@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.tree import Tree
 
+from engine.display import cut, json_text, more_note, one_line
 from engine.ops import (
     AuditEntry,
     DeadLetter,
@@ -34,7 +34,7 @@ from engine.ops import (
 )
 
 from . import fmt
-from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
+from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render, safe
 from .styles import DEAD_STYLE, PAUSED_STYLE, status_markup
 
 ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
@@ -56,7 +56,7 @@ def _stdout_is_terminal() -> bool:
 
 def print_json(data: Any) -> None:
     """JSON only, one document, on stdout (a list is one array)."""
-    sys.stdout.write(json.dumps(to_json(data), ensure_ascii=False) + "\n")
+    sys.stdout.write(json_text(to_json(data)) + "\n")
     sys.stdout.flush()
 
 
@@ -67,17 +67,20 @@ def when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def readable(text: str, full: bool = False) -> str:
+    """A stored multi-line value as markup a person reads: inert, and unless `full` cut at 64 KiB
+    with a note saying how much more there is (a 10 MB payload must not flood the terminal)."""
+    head, more = (text, 0) if full else cut(text)
+    shown = safe(head, multiline=True)
+    return shown if not more else f"{shown}\n[dim]{more_note(more)}[/]"
+
+
 def duration(ms: int | None) -> str:
     return "-" if ms is None else fmt.span(ms)
 
 
 def cell(value: Any) -> str:
-    return "-" if value is None else escape(str(value))
-
-
-def _one_line(text: str) -> str:
-    """A cell that is cropped to one line shows a multi-line text's lines joined."""
-    return " ".join(text.split())
+    return "-" if value is None else safe(value)
 
 
 NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
@@ -99,7 +102,7 @@ def _grid(
 # -- one renderer per command -------------------------------------------------------------------
 def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     if not rows:
-        out.print(f"No signals recorded in {escape(db)} yet.")
+        out.print(f"No signals recorded in {safe(db)} yet.")
         return
     table = _grid(
         "Signal",
@@ -116,8 +119,8 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     )
     for r in rows:
         table.add(
-            escape(r.signal),
-            r.kind,
+            safe(r.signal),
+            safe(r.kind),
             str(r.pending),
             str(r.inflight),
             str(r.delivered),
@@ -133,9 +136,9 @@ def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:
     """The minutes in which something happened (quiet minutes are zeros in --json)."""
     busy = [r for r in rows if r.emitted or r.delivered or r.failed or r.dead or r.pruned]
     if not busy:
-        out.print(f"No history of {escape(signal)} in that window.")
+        out.print(f"No history of {safe(signal)} in that window.")
         return
-    table = _grid("At", "Emitted", "Delivered", "Failed", "Dead", "Pruned", title=f"History of {escape(signal)}")
+    table = _grid("At", "Emitted", "Delivered", "Failed", "Dead", "Pruned", title=f"History of {safe(signal)}")
     for r in busy:
         dead = f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0"
         table.add(when(r.at), str(r.emitted), str(r.delivered), str(r.failed), dead, str(r.pruned))
@@ -146,17 +149,17 @@ def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:
 
 def render_bindings(out: Console, rows: list[Any], db: str) -> None:
     if not rows:
-        out.print(f"No bindings recorded in {escape(db)} yet.")
+        out.print(f"No bindings recorded in {safe(db)} yet.")
         return
     table = _grid("Signal", "Kind", "Flow", "Last seen", "Active", drop=("Kind",))
     for r in rows:
-        table.add(escape(r.signal), r.kind, escape(r.flow), when(r.last_seen), "yes" if r.active else "[dim]no[/]")
+        table.add(safe(r.signal), safe(r.kind), safe(r.flow), when(r.last_seen), "yes" if r.active else "[dim]no[/]")
     render(out, table)
 
 
 def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
     if not rows:
-        out.print(f"No messages in {escape(signal)} match.")
+        out.print(f"No messages in {safe(signal)} match.")
         return
     table = _grid(
         "ID",
@@ -170,12 +173,12 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
         "Parent run",
         crop=("Locked by",),
         drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created", "Due at"),
-        title=f"{escape(signal)}: {len(rows)} newest",
+        title=f"{safe(signal)}: {len(rows)} newest",
     )
     now = fmt.now_ms()
     for r in rows:
         table.add(
-            escape(r.id),
+            safe(r.id),
             status_markup(r.status),
             cell(r.key),
             str(r.attempts),
@@ -190,7 +193,7 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
 
 def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
     if not rows:
-        out.print(f"No dead letters in {escape(signal)}.")
+        out.print(f"No dead letters in {safe(signal)}.")
         return
     table = _grid(
         "ID",
@@ -201,16 +204,16 @@ def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
         "Created",
         crop=("Last failure",),
         drop=("Created", "Attempts", "Died"),
-        title=f"{escape(signal)}: {len(rows)} dead letters",
+        title=f"{safe(signal)}: {len(rows)} dead letters",
     )
     for r in rows:
         last = next((x for x in reversed(r.failures) if x.code != "replayed"), None)
         reason = f"{last.code}: {last.message}" if last else "-"
         table.add(
-            escape(r.id),
+            safe(r.id),
             cell(r.key),
             str(r.attempts),
-            escape(_one_line(reason)),
+            safe(one_line(reason)),
             when(last.at if last else None),
             when(r.created_at),
         )
@@ -219,13 +222,11 @@ def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
 
 def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None:
     if not rows:
-        out.print(f"No dead or failing messages in {escape(signal)}.")
+        out.print(f"No dead or failing messages in {safe(signal)}.")
         return
-    table = _grid(
-        "Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{escape(signal)}: failures by cause"
-    )
+    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{safe(signal)}: failures by cause")
     for r in rows:
-        table.add(escape(r.code), escape(r.message), str(r.count), when(r.last_at))
+        table.add(safe(r.code), safe(r.message), str(r.count), when(r.last_at))
     render(out, table)
 
 
@@ -249,28 +250,28 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
         table.add(
             when(r.at),
-            escape(r.actor),
-            escape(r.action),
+            safe(r.actor),
+            safe(r.action),
             cell(r.signal),
             str(r.count),
-            escape(_one_line(r.reason)) if r.reason is not None else "-",
-            escape(ids),
+            safe(one_line(r.reason)) if r.reason is not None else "-",
+            safe(ids),
         )
     render(out, table)
 
 
 def _run_label(node: RunNode, mark: str | None = None) -> str:
-    flow = escape(node.flow) if node.flow else "[dim](not recorded)[/]"
+    flow = safe(node.flow) if node.flow else "[dim](not recorded)[/]"
     took = (
         f" {duration(node.ended_at - node.started_at)}"
         if node.started_at is not None and node.ended_at is not None
         else ""
     )
-    label = f"[bold]{flow}[/] {escape(node.run_id)} {status_markup(node.status)}{took}"
+    label = f"[bold]{flow}[/] {safe(node.run_id)} {status_markup(node.status)}{took}"
     if node.attempt is not None and node.message_id is not None:
-        label += f" [dim]attempt {node.attempt} of {escape(node.message_id)}[/]"
+        label += f" [dim]attempt {node.attempt} of {safe(node.message_id)}[/]"
     if node.error:
-        label += f" [red]{escape(node.error)}[/]"
+        label += f" [red]{safe(node.error)}[/]"
     if mark and node.run_id == mark:
         label += " [reverse] ← [/]"
     return label
@@ -282,8 +283,8 @@ def _grow(tree: Tree, node: RunNode, mark: str | None) -> None:
         parent, current = stack.pop()
         branch = parent.add(_run_label(current, mark))
         for msg in current.messages:
-            key = f" key={escape(msg.key)}" if msg.key is not None else ""
-            branch.add(f"[dim]emitted[/] {escape(msg.signal)} {escape(msg.id)}{key} {status_markup(msg.status)}")
+            key = f" key={safe(msg.key)}" if msg.key is not None else ""
+            branch.add(f"[dim]emitted[/] {safe(msg.signal)} {safe(msg.id)}{key} {status_markup(msg.status)}")
         if current.emitted > len(current.messages):
             branch.add(f"[dim]… {current.emitted - len(current.messages)} more emitted[/]")
         for child in reversed(current.children):
@@ -297,10 +298,10 @@ def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
     out.print(tree)
 
 
-def render_show(out: Console, d: MessageDetail) -> None:
-    head = _grid("Field", "Value", wrap=("Value",), title=f"message {escape(d.id)}")
+def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
+    head = _grid("Field", "Value", wrap=("Value",), title=f"message {safe(d.id)}")
     rows = [
-        ("signal", escape(d.signal)),
+        ("signal", safe(d.signal)),
         ("flow", cell(d.flow)),
         ("key", cell(d.key)),
         ("status", status_markup(d.status)),
@@ -327,8 +328,7 @@ def render_show(out: Console, d: MessageDetail) -> None:
         rows.append(
             (
                 "blocked by",
-                f"{escape(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), "
-                f"the head of key {escape(str(d.key))}",
+                f"{safe(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), the head of key {safe(str(d.key))}",
             )
         )
     for name, value in rows:
@@ -336,13 +336,13 @@ def render_show(out: Console, d: MessageDetail) -> None:
     render(out, head)
     out.print()
     out.print("[bold]payload[/]")
-    out.print(escape(json.dumps(d.payload, indent=2, ensure_ascii=False)))
+    out.print(readable(json.dumps(d.payload, indent=2, ensure_ascii=False), full))
     out.print()
     if d.failures:
         table = _grid("At", "Attempt", "Code", "Message", wrap=("Message",), title="failures, newest first")
         for x in reversed(d.failures):
             style = "dim" if x.code == "replayed" else ""
-            table.add(when(x.at), str(x.attempt), escape(x.code), escape(x.message), style=style)
+            table.add(when(x.at), str(x.attempt), safe(x.code), readable(x.message, full), style=style)
         render(out, table)
     else:
         out.print("[dim]no failures[/]")
@@ -355,22 +355,20 @@ def render_show(out: Console, d: MessageDetail) -> None:
 
 def render_replay(out: Console, signal: str, result: Replayed | ReplayPreview) -> None:
     if isinstance(result, ReplayPreview):
-        out.print(f"Would replay {result.would_replay} dead letter(s) of {escape(signal)} (dry run: nothing changed).")
+        out.print(f"Would replay {result.would_replay} dead letter(s) of {safe(signal)} (dry run: nothing changed).")
         if result.ids:
             more = " …" if result.would_replay > len(result.ids) else ""
-            out.print("  " + escape(", ".join(result.ids)) + more)
+            out.print("  " + safe(", ".join(result.ids)) + more)
         return
-    out.print(f"Replayed {result.replayed} dead letter(s) of {escape(signal)}.")
+    out.print(f"Replayed {result.replayed} dead letter(s) of {safe(signal)}.")
     for msg_id in result.ids[:20]:
-        out.print(f"  {msg_id}")
+        out.print(f"  {safe(msg_id)}")
     if len(result.ids) > 20:
         out.print(f"  … and {len(result.ids) - 20} more")
 
 
 def render_purge(out: Console, signal: str, state: str, result: Purged | PurgePreview) -> None:
     if isinstance(result, PurgePreview):
-        out.print(
-            f"Would purge {result.would_purge} {state} message(s) of {escape(signal)} (dry run: nothing changed)."
-        )
+        out.print(f"Would purge {result.would_purge} {state} message(s) of {safe(signal)} (dry run: nothing changed).")
         return
-    out.print(f"Purged {result.purged} {state} message(s) of {escape(signal)}.")
+    out.print(f"Purged {result.purged} {state} message(s) of {safe(signal)}.")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
 import sys
@@ -25,6 +24,7 @@ import httpx
 
 from engine import ops
 from engine.client import Client, ClientError, LiveResumeGap
+from engine.display import inert, json_text, one_line
 
 from .data import StoreAdapter, StoreDown
 
@@ -63,15 +63,6 @@ class TailFailed(RuntimeError):
     """The source cannot be followed (server refused, unreachable at start)."""
 
 
-_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
-
-
-def _one_line_json(value: Any) -> str:
-    """JSON on one line for every reader: json.dumps leaves U+2028, U+2029 and NEL raw (valid JSON),
-    but str.splitlines() and some terminals break lines there; escaped, they decode the same."""
-    return json.dumps(value, ensure_ascii=False).translate(_LINE_BREAKS)
-
-
 class Printer:
     def __init__(self, opts: TailOptions, out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.opts = opts
@@ -89,14 +80,14 @@ class Printer:
         if self.done:
             return
         if self.opts.as_json:
-            self.out.write(_one_line_json({"id": event_id, "data": data}) + "\n")
+            self.out.write(json_text({"id": event_id, "data": data}) + "\n")
         else:
-            self.out.write(f"{event_id}  {_one_line_json(data)}\n")
+            self.out.write(f"{inert(event_id)}  {json_text(data)}\n")
         self.out.flush()
         self.printed += 1
 
     def warn(self, text: str) -> None:
-        self.err.write(f"okconsole: {text}\n")
+        self.err.write(f"okconsole: {one_line(text)}\n")
         self.err.flush()
 
 

@@ -41,9 +41,12 @@ HOSTILE_ERROR = "\x1b]52;c;SEFDS0VE\x07 [/] failed at [/tmp/x] \u009b2J\u202eevi
 BIG_PAYLOAD_BYTES = 10 * 1024 * 1024
 
 
+STORABLE = {name: text for name, text in HOSTILE.items() if name != "surrogate"}  # UTF-8 cannot carry a lone surrogate
+
+
 def hostile_payload() -> dict[str, str]:
-    """One payload holding the whole corpus."""
-    return dict(HOSTILE)
+    """One payload holding the whole corpus the engine can store (the engine refuses lone surrogates)."""
+    return dict(STORABLE)
 
 
 def big_payload() -> dict[str, str]:

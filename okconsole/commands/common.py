@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import typer
 
+from engine.display import one_line
 from engine.durations import parse_duration_ms
 
 from ..dburl import BadDatabaseUrl, database_url
@@ -39,8 +40,7 @@ class State:
 
 def fail(code: int, message: str) -> NoReturn:
     """One line on stderr, then exit with `code`."""
-    line = " ".join(str(message).split())
-    typer.echo(f"okconsole: {line}", err=True)
+    typer.echo(f"okconsole: {one_line(message)}", err=True)
     raise typer.Exit(code)
 
 
@@ -58,7 +58,7 @@ def duration_option(flag: str, text: str) -> int:
 
 def warn(text: str) -> None:
     """A warning on stderr (stdout stays JSON-only)."""
-    typer.echo(f"okconsole: warning: {text}", err=True)
+    typer.echo(f"okconsole: warning: {one_line(text)}", err=True)
 
 
 def _label(param: Any) -> str:
@@ -135,5 +135,5 @@ def require_terminal_to_confirm(what: str) -> None:
 def confirm(question: str, what: str) -> None:
     """Ask on the terminal (the prompt goes to stderr); refuse without one."""
     require_terminal_to_confirm(what)
-    if not typer.confirm(question, default=False, err=True):
+    if not typer.confirm(one_line(question), default=False, err=True):
         fail(1, f"{what} cancelled: nothing changed")

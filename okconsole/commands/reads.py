@@ -58,13 +58,16 @@ def show(
     db: str | None = DB_OPTION,
     message_id: str = typer.Argument(..., metavar="ID", help="A message id."),
     as_json: bool = JSON_OPTION,
+    full: bool = typer.Option(
+        False, "--full", help="Print the whole payload and failure texts (else each is cut at 64 KiB)."
+    ),
 ) -> None:
     """One message: payload, every failure, its lease, what blocks it, its trace."""
     detail = run(state_of(ctx, db), lambda store: ops.show(store, message_id))
     if as_json:
         output.print_json(detail)
     else:
-        output.render_show(output.console(), detail)
+        output.render_show(output.console(), detail, full=full)
 
 
 async def _require_signal(store: ops.Store, name: str) -> None:
