@@ -39,7 +39,11 @@ def _visible(match: re.Match[str]) -> str:
     if named is not None:
         return named
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+    if code < 0x80:
+        return f"\\x{code:02x}"
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, kept by surrogateescape
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"
 
 
 def inert(value: Any, *, multiline: bool = False) -> str:

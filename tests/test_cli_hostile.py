@@ -179,3 +179,25 @@ def test_errors_on_stderr_name_stored_names_inert(hostile_store) -> None:
     out, err = okconsole("--db", url, "messages", "no-such-signal", ok=2)
     assert_inert(err)
     assert NAME in as_text(err)  # the known names are listed, literally
+
+
+def test_invalid_utf8_written_by_another_program_is_shown_as_bytes(tmp_path: Path) -> None:
+    """SQLite keeps whatever bytes another program wrote into a TEXT column; the console shows
+    them as `\\xNN` instead of failing the whole query."""
+    import sqlite3
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'oke.db'}"
+    msg_id = populate(url)["dead1"]
+    raw = sqlite3.connect(tmp_path / "oke.db")
+    with raw:
+        raw.execute("UPDATE oke_messages SET key = CAST(x'6bff1b5b324a' AS TEXT) WHERE id = ?", (msg_id,))
+        raw.execute("UPDATE oke_failures SET message = CAST(x'626f6f6dfe' AS TEXT) WHERE message_id = ?", (msg_id,))
+    raw.close()
+    for command in (["messages", NAME], ["dlq", NAME], ["show", msg_id]):
+        out, _ = okconsole("--db", url, *command)
+        assert_inert(out)
+        assert "k\\xff\\x1b[2J" in as_text(out), command
+    out, _ = okconsole("--db", url, "show", msg_id)
+    assert "boom\\xfe" in as_text(out)
+    out, _ = okconsole("--db", url, "show", msg_id, "--json")
+    assert json.loads(out)["key"] == "k\udcff\x1b[2J"

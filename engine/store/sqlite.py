@@ -37,7 +37,7 @@ from .sql.claim import claim_order, sqlite_claim_statement
 from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
 from .sqlite_file import BUSY_TIMEOUT_MS
 from .sqlite_process import WriterProcess
-from .sqlite_thread import DbThread
+from .sqlite_thread import DbThread, tolerant_text
 from .sqlite_tx import Row, hands_over_early, run_op, timed_params
 from .wake import Waker, WalWatch, tape_topic, wake_local
 
@@ -95,7 +95,8 @@ class SqliteStore(Store):
         self._writer = DbThread(
             "oke-sqlite-writer", self.path, "BEGIN IMMEDIATE", busy_timeout_ms, may_create=True, syncs_wal=True
         )
-        self._reader = DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms)
+        # the console's reads show rows another program may have written with bytes that are not UTF-8
+        self._reader = DbThread("oke-sqlite-reader", self.path, "BEGIN", busy_timeout_ms, text_factory=tolerant_text)
         # The hot writes (emits, claims, settles) run in a process of their own, or on the writer thread.
         self._process = WriterProcess(self.path, busy_timeout_ms) if writer == "process" else None
         # With the writer in its own process two claims in flight overlap: one runs there while

@@ -29,7 +29,17 @@ T = TypeVar("T")
 log = logging.getLogger("engine.store.sqlite")
 
 
-def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Any:
+def tolerant_text(data: bytes) -> str:
+    """TEXT as str even when it is not UTF-8 (written by some other program): each bad byte
+    becomes a lone surrogate (surrogateescape), which engine.display shows as `\\xNN`, instead
+    of the whole query failing and the console showing nothing of the store."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="surrogateescape")
+
+
+def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, text_factory: Any = None) -> Any:
     engine = create_engine(
         f"sqlite:///{path}",
         poolclass=StaticPool,
@@ -39,6 +49,8 @@ def _make_engine(path: str, begin_sql: str, busy_timeout_ms: int = BUSY_TIMEOUT_
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
         prepare(dbapi_conn, busy_timeout_ms)
+        if text_factory is not None:
+            dbapi_conn.text_factory = text_factory
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -75,6 +87,7 @@ class DbThread:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         may_create: bool = False,
         syncs_wal: bool = False,
+        text_factory: Callable[[bytes], str] | None = None,
     ) -> None:
         self.name = name
         self.jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
@@ -84,7 +97,7 @@ class DbThread:
         self.path = path
         self.file: StoreFile[Connection] = StoreFile(
             path,
-            lambda: _make_engine(path, begin_sql, busy_timeout_ms).connect(),
+            lambda: _make_engine(path, begin_sql, busy_timeout_ms, text_factory).connect(),
             _close_connection,
             may_create,
             WalSyncer(f"{name}-sync") if syncs_wal else None,

@@ -31,7 +31,8 @@ def test_multiline_keeps_newline_and_tab_only() -> None:
 
 def test_invalid_utf8_and_lone_surrogates_become_visible() -> None:
     assert inert(b"ok \xff\xfe") == "ok \\xff\\xfe"
-    assert inert("bad \udcff") == "bad \\udcff"
+    assert inert("bad \udcff") == "bad \\xff"  # surrogateescape: the byte it stands for
+    assert inert("lone \ud800") == "lone \\ud800"
     inert(HOSTILE["surrogate"]).encode("utf-8")  # printable: no lone surrogate left
 
 
