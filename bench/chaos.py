@@ -4,6 +4,7 @@
     python bench/chaos.py --pg          full size on a private PostgreSQL (4 worker processes)
     python bench/chaos.py --sqlite      full size on one SQLite file (2 worker processes)
     python bench/chaos.py --short ...   the small form tests/test_chaos.py runs in CI
+    python bench/chaos.py --starve ...  beside a busy loop on every core (workers short of CPU)
     (neither --pg nor --sqlite: both)   --seed N, --messages N, --keep (keep the work directory)
 
 Worker processes (tests/chaos_workers/worker.py) compete for `chaos.jobs` messages on one store.
@@ -39,7 +40,8 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
                - failure codes match the handler's own log; a `failed` run has a failure record
   lease      one holder at a time: for consecutive attempts n, n+1 of a message, if n lost its lease
              then n+1 was claimed after n's lease expiry (claim = lease_expires_at(n+1) - lease_ms, both
-             read from the row by the handlers), and if n's failure was recorded then n+1's handler
+             read from the row by the handlers; a lease renewed before the handler started counts
+             from the renewal, later than the claim), and if n's failure was recorded then n+1's handler
              started after n's handler ended; a handler still running when the next attempt started
              never got its outcome recorded. (After a settle the claim time is not comparable: a claim
              statement reads the clock when it begins and may take the message, re-checked once its row
@@ -48,6 +50,10 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
              one ended (same two rules), so no two holders of a key overlap and keys go in emit order;
              the first claim of a message comes after its predecessor's finished_at; successful
              completions follow seq order; emits were stored in order
+  lease left every handler started with at least 90 % of `lease_ms` left: the message's
+             lease_expires_at as its handler read it from the row right after it began, against
+             the wall-clock time it began (the store runs on this machine: one clock for both),
+             for the attempts the row still named then
   tape       seq 1..head with no hole (nothing is pruned here), one epoch, every event an attempt
              logged is there with its payload, every event on the tape was logged by its attempt
              (or its emit raised StoreUnavailable, "may not be stored", or its worker was killed);
@@ -99,6 +105,8 @@ JOBS, TAPE, FLOW = "chaos.jobs", "chaos.tape", "chaos.worker"
 # What fx.emit raises when the store may or may not have committed the append (engine/app.py).
 UNCONFIRMED_APPEND_ERRORS = frozenset({"StoreUnavailable", "AppendInterrupted"})
 TOL_MS = 2  # PostgreSQL rounds its clock to the ms, Python truncates: allow for both
+# The docs promise the lease from the handler's start: a handler starts with this share of it left.
+START_LEASE_SHARE = 0.9
 
 
 @dataclass
@@ -133,6 +141,7 @@ class Config:
     # SQLite: odd slots write on the thread (`sqlite_writer="thread"`), even ones in the writer
     # process, which is SIGKILLed on its own (the worker lives on) this often
     writer_kill_every: tuple[float, float] = (1.0, 2.5)
+    starve: bool = False          # a busy loop on every core beside the run (Starver)
 
 
 def profile(backend: str, short: bool, seed: int) -> Config:
@@ -385,6 +394,25 @@ class Workers:
     def logs(self, tail: int = 2500) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
                          for p in sorted(self.dir.glob("log-*")) if p.stat().st_size)
+
+
+class Starver:
+    """`--starve`: one busy-looping process per core beside the run, from the first emit until the
+    run ends, so the workers get the CPU in slices, as on an overloaded host: a claimed-ahead
+    message then waits longer for its handler slot, and replies come back late."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        for _ in range(os.cpu_count() or 1):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(10)
+        self.procs.clear()
 
 
 # --------------------------------------------------------------------------- the run
@@ -1024,6 +1052,7 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
               f"recorded end); {overlaps_ok} overlapping handlers were all lease-lost; {unverifiable} pairs "
               f"unverifiable (lease unread: restart or kill), {mismatched} handlers started after being "
               f"reclaimed", problems)
+    check_lease_left(rep, cfg, logged)
 
     # ---------------------------------------------------------------- key order
     problems = []
@@ -1158,6 +1187,25 @@ async def verify(url: str, cfg: Config, plan: list[Planned], obs: Observed, work
     return rep
 
 
+def check_lease_left(rep: Report, cfg: Config, logged: dict[tuple[str, int], Attempt]) -> None:
+    """Every handler started with at least START_LEASE_SHARE of its lease left: the row's
+    lease_expires_at (the store's clock) against the handler's start (this machine's wall clock,
+    which the store shares here); attempts whose row read failed or named another holder are not
+    counted."""
+    need = cfg.lease_ms * START_LEASE_SHARE
+    lefts = sorted(((a.lease - a.start, a) for a in logged.values() if a.lease is not None and a.start is not None),
+                   key=lambda la: la[0])
+    problems = [f"attempt {a.n} of {a.msg} started by {a.worker} at {a.start} with {left} ms of its lease left"
+                for left, a in lefts if left + TOL_MS < need]
+    unread = sum(1 for a in logged.values() if a.start is not None and a.lease is None)
+    spread = (f"least {lefts[0][0]} ms, 1st percentile {lefts[len(lefts) // 100][0]} ms, "
+              f"median {lefts[len(lefts) // 2][0]} ms") if lefts else "none measured"
+    rep.check("lease left", bool(lefts) and not problems,
+              f"{len(lefts)} handler starts measured, {len(problems)} with less than {START_LEASE_SHARE:.0%} of the "
+              f"{cfg.lease_ms} ms lease left ({spread}); {unread} not measured (row unread in a restart, or "
+              f"reclaimed first)", problems)
+
+
 def check_time_order(rep: Report, cfg: Config, plan: list[Planned], obs: Observed,
                      logged: dict[tuple[str, int], Attempt], timed: list[tuple]) -> None:
     """The delay / priority / dedupe invariants (SPEC §12)."""
@@ -1257,8 +1305,10 @@ async def run(cfg: Config, keep: bool) -> bool:
     started = time.monotonic()
     title = (f"chaos {'short' if cfg.short else 'full'} / {'PostgreSQL' if cfg.backend == 'pg' else 'SQLite'}: "
              f"{cfg.workers} workers x {cfg.concurrency}, {cfg.messages} messages, lease {cfg.lease_ms} ms, "
-             f"slow {cfg.slow_ms} ms, retries {cfg.retries}, seed {cfg.seed}")
+             f"slow {cfg.slow_ms} ms, retries {cfg.retries}, seed {cfg.seed}"
+             + (f", CPU starved ({os.cpu_count()} busy loops)" if cfg.starve else ""))
     print(f"-- {title}\n   work dir {root}", flush=True)
+    starver = Starver()
     ok = False
     try:
         if cfg.backend == "pg":
@@ -1281,6 +1331,8 @@ async def run(cfg: Config, keep: bool) -> bool:
             workers.start(slot)
         await workers.ready()
         print(f"   {cfg.workers} workers up after {time.monotonic() - started:.1f} s; emitting", flush=True)
+        if cfg.starve:
+            starver.start()
 
         app = oke("chaos-driver", database_url=url, bindings=[])
         async with app:
@@ -1316,6 +1368,7 @@ async def run(cfg: Config, keep: bool) -> bool:
             # A lease-lost holder may still be running its handler (and appending to the tape) after
             # the drain: stop the workers first, so the follower's last poll sees the final head.
             stop_problems = await workers.stop()
+            starver.stop()  # the run is over: the checks need no starving
             await asyncio.sleep(0.3)  # the follower catches the last appends
             stop_readers.set()
             await asyncio.gather(*readers)
@@ -1330,6 +1383,7 @@ async def run(cfg: Config, keep: bool) -> bool:
     except WorkerDied as err:
         print(f"\n== {title}\n   RESULT: FAIL: {err}", flush=True)
     finally:
+        starver.stop()
         if workers is not None:
             workers.kill_all()
         if pg is not None:
@@ -1349,6 +1403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--messages", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--starve", action="store_true", help="a busy loop on every core beside the run")
     parser.add_argument("--restarts", default=None,
                         help='PostgreSQL restarts, e.g. "0.3:fast,0.6:immediate,0.8:down:5"')
     args = parser.parse_args(argv)
@@ -1359,6 +1414,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = profile(backend, args.short, seed)
         if args.messages:
             cfg = replace(cfg, messages=args.messages)
+        if args.starve:
+            cfg = replace(cfg, starve=True)
         if args.restarts is not None:
             cfg = replace(cfg, pg_restarts=tuple((float(r.split(":", 1)[0]), r.split(":", 1)[1])
                                                  for r in args.restarts.split(",") if r))

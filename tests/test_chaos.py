@@ -1,5 +1,6 @@
 """The chaos run, short form (bench/chaos.py --short): once delivery under SIGKILLs, lost leases,
-failing handlers, a PostgreSQL crash-restart and a live tape, checked end to end (SPEC §5, §7).
+failing handlers, a PostgreSQL crash-restart and a live tape, checked end to end (SPEC §5, §7),
+and every handler starting with at least 90 % of its lease left.
 
 Each backend runs bench/chaos.py in a process of its own (PostgreSQL: its own private server, which
 it restarts; never the session's shared one). The script prints the figures and one PASS/FAIL line

@@ -3,8 +3,9 @@ it has handler slots, so a freed slot finds its next message already claimed (Po
 carries more messages for its transaction (SQLite). What must hold:
 never more handlers at once than `concurrency`; slow handlers claim nothing ahead (another worker
 gets the waiting messages); a claimed-ahead message has its lease renewed every half lease it waits
-for a slot, so it starts with more than half its lease left and is never reclaimed unstarted; a
-renewal by a worker that lost the message changes nothing.
+for a slot, so it is never reclaimed unstarted, and again before its handler starts when less than
+90 % of the lease is left (engine/worker/leases.py); a renewal by a worker that lost the message
+changes nothing.
 """
 from __future__ import annotations
 
@@ -115,6 +116,45 @@ async def test_a_claimed_ahead_message_that_waited_past_half_its_lease_starts_on
     assert len(lease_left_ms) == 1 and lease_left_ms[0] > lease_ms * 0.5, lease_left_ms
 
 
+async def lease_left_at_start_ms(url: str, msg_id: str, began: float) -> float:
+    """How much lease the message had when its handler began (`began`, by time.time()): the row's
+    lease_expires_at against the store's lease clock, read now, counted back to `began` by this
+    machine's clock (the reads' own time is not taken from the handler)."""
+    until = await _lease_until(url, msg_id)
+    now = await lease_clock_ms(url)
+    return until - now + (time.time() - began) * 1000
+
+
+async def test_every_handler_claimed_ahead_starts_with_nine_tenths_of_its_lease_left(db_url):
+    """One slot, fast handlers first (so the worker claims ahead), then five handlers of a fifth of
+    the lease each: the ones claimed ahead wait for the slot up to four fifths of a lease. Each of
+    these with at least 90 % of its lease left (renewed before it starts), by the row's
+    lease against the moment it began; before, one that waited two fifths of a lease started with
+    60 % (the renewer renews at half a lease). Each message runs once."""
+    lease_ms = 2000
+    jobs = signal.once("ca.start", retries=3)
+    left: dict[str, float] = {}
+
+    @on(jobs)
+    @flow("w.start")
+    async def handle(payload: str, fx: Any) -> None:
+        began = time.time()
+        if payload.startswith("slow"):  # the fast ones stay fast: no reads
+            left[payload] = await lease_left_at_start_ms(db_url, fx.message_id, began)
+            await asyncio.sleep(lease_ms / 1000 / 5)
+
+    async with oke("t", database_url=db_url, lease_ms=lease_ms) as app:
+        for n in range(30):
+            await app.emit(jobs, f"fast-{n}")
+        for n in range(5):
+            await app.emit(jobs, f"slow-{n}")
+        await app.drain(concurrency=1)
+        rows = await fetch(db_url, "SELECT status, attempts, count(*) FROM oke_messages GROUP BY 1, 2")
+    assert rows == [("delivered", 1, 35)]
+    short = {payload: round(ms) for payload, ms in left.items() if ms < lease_ms * 0.9}
+    assert len(left) == 5 and not short, short
+
+
 async def test_a_batch_due_a_moment_after_the_first_is_renewed_on_time_not_a_share_of_a_lease_later(db_url):
     """The renewer sleeps until the earliest renewal of all waiting batches. Two batches wait for a
     slot, the first due now and the second 50 ms later: the second's lease is renewed within moments,
@@ -136,7 +176,7 @@ async def test_a_batch_due_a_moment_after_the_first_is_renewed_on_time_not_a_sha
         claimed_until = await _lease_until(db_url, second[0].id)
         pool = WorkerPool(runtime, app._routes(), 1)
         now = time.monotonic()
-        pool.waiting.extend([Waiting(first, now), Waiting(second, now + 0.05)])
+        pool.waiting.extend([Waiting(first, now, now), Waiting(second, now + 0.05, now)])
         renewer = asyncio.create_task(pool._renew_waiting())
         try:
             await asyncio.sleep(0.6)  # the first's next renewal is 2 s away

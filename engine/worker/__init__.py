@@ -20,6 +20,7 @@ One module a job, read in this order:
 - `claiming.py`: a claim lane's loop, and how a drain knows it is done;
 - `claim_ahead.py`: how much a claim asks for, queueing a claimed batch for the slots, and the
   lease renewals of a long wait;
+- `leases.py`: how much of its lease a handler starts with (a long wait is renewed first);
 - `handoff.py`: an idle pool's offer to emits (PostgreSQL), and running what they hand it;
 - `running.py`: running handlers in turn and recording each outcome (`turns.py`);
 - `settling.py`: the settler, and the hand-over of outcomes to a claim's transaction;
@@ -29,6 +30,7 @@ One module a job, read in this order:
 from .averages import EWMA_WEIGHT
 from .claim_ahead import AHEAD_LEASE_SHARE
 from .failures import failure_code, failure_message
+from .leases import START_LEASE_SHARE
 from .pool import WorkerPool
 from .route import Route
 from .waiting import IDLE_POLL_S, MAX_BACKOFF_S
@@ -39,6 +41,7 @@ __all__ = [
     "IDLE_POLL_S",
     "MAX_BACKOFF_S",
     "Route",
+    "START_LEASE_SHARE",
     "WorkerPool",
     "failure_code",
     "failure_message",

@@ -7,12 +7,14 @@ import asyncio
 import time
 
 from ..store import Claimed
+from .leases import START_RENEWALS, start_by
 from .running import Running
 from .state import Waiting, log
 
 # A claimed-ahead message has its lease renewed each time it has waited this share of its lease for
-# a slot: it could otherwise run out while it waits (another worker takes it, the attempt is lost) or
-# soon after its handler starts. So a handler always starts with more than half its lease left.
+# a slot: it could otherwise run out while it waits (another worker takes it, the attempt is lost).
+# A handler starts on more than that: a message that waited past leases.py's margin is renewed again
+# right before its handler starts.
 AHEAD_LEASE_SHARE = 0.5
 # Fast handlers finish far more than `concurrency` messages while one claim is on the wire, and each
 # round trip costs the client more CPU than the handlers of a small batch. So a worker may hold up
@@ -55,10 +57,14 @@ class ClaimAhead(Running):
         cap = min(AHEAD_MAX * self.concurrency, self.store.concurrent_claims * self.store.claim_rows_max)
         return min(cap, int(self.concurrency * self.claim_s / self.handler_s))
 
-    def _start(self, batch: list[Claimed], claimed_at: float) -> None:
-        """Queue a claimed batch for the handler slots; the messages that find one start now."""
+    def _start(self, batch: list[Claimed], leased_at: float) -> None:
+        """Queue a claimed batch for the handler slots; the messages that find one start now.
+        `leased_at`: the monotonic time its lease counts from (before the claim was sent)."""
         self.held += len(batch)
-        self.waiting.append(Waiting(batch, claimed_at + self.runtime.lease_ms / 1000 * AHEAD_LEASE_SHARE))
+        lease_ms = self.runtime.lease_ms
+        self.waiting.append(
+            Waiting(batch, leased_at + lease_ms / 1000 * AHEAD_LEASE_SHARE, start_by(leased_at, lease_ms))
+        )
         if self.active < self.concurrency:
             self._track(asyncio.create_task(self._run_waiting()))
         else:
@@ -86,8 +92,10 @@ class ClaimAhead(Running):
                     await asyncio.sleep(due_in)
                     continue
                 for waiting in [w for w in self.waiting if w.renew_at <= time.monotonic()]:
+                    renewed_at = time.monotonic()
                     await self._renew_batch(waiting)
                     waiting.renew_at = time.monotonic() + share_s
+                    waiting.start_by = start_by(renewed_at, self.runtime.lease_ms)
         finally:
             self.renewer = None
 
@@ -105,6 +113,11 @@ class ClaimAhead(Running):
             if waiting.lost is None or claimed.seq not in waiting.lost
         ]
         self.waiting.clear()
+        await self._hand_back(unstarted)
+
+    async def _hand_back(self, unstarted: list[Claimed]) -> None:
+        """Messages claimed ahead and not started, back to pending (fenced: one another worker took
+        over stays its); if the store is away they stay inflight and are reclaimed after the lease."""
         if not unstarted:
             return
         self.held -= len(unstarted)
@@ -119,6 +132,25 @@ class ClaimAhead(Running):
             )
             return
         log.info("stopping: handed %d messages claimed ahead back to the queue", back)
+
+    async def _start_renewed(self, claimed: Claimed) -> None:
+        """Run a message that waited for its slot past its lease's start margin (leases.py) on a
+        renewed lease; renewed again while a renewal itself took longer than the margin (at most
+        START_RENEWALS in all). Not run here when this worker lost it meanwhile, nor once the pool
+        is stopping (then it is handed back, as the messages still waiting are)."""
+        lease_ms = self.runtime.lease_ms
+        for _ in range(START_RENEWALS):
+            renewed_at = time.monotonic()
+            if not await self._renew(claimed):
+                self.held -= 1  # not started here: it no longer counts against this worker's claims
+                self.slot_free.set()
+                return
+            if time.monotonic() <= start_by(renewed_at, lease_ms):
+                break
+        if self.runtime.stop.is_set():
+            await self._hand_back([claimed])
+            return
+        await self._run_handler(claimed)
 
     async def _renew_batch(self, waiting: Waiting) -> None:
         """Renew each message of `waiting` not started yet; mark the ones this worker lost."""

@@ -56,12 +56,15 @@ class Handoff(ClaimAhead):
     def _handed(self, seq: int) -> None:
         """An emit took the offer and handed this pool message `seq` (called on the LISTEN connection)."""
         self.offered_at = float("-inf")  # consumed: the next offer is a new one
-        task = asyncio.get_running_loop().create_task(self._take(seq), name="oke-take")
+        task = asyncio.get_running_loop().create_task(self._take(seq, time.monotonic()), name="oke-take")
         self.takes.add(task)
         task.add_done_callback(self.takes.discard)
 
-    async def _take(self, seq: int) -> None:
-        """Read the handed message and start it; a stopping pool hands it back instead."""
+    async def _take(self, seq: int, noticed_at: float) -> None:
+        """Read the handed message and start it; a stopping pool hands it back instead. Its lease
+        counts from `noticed_at`, when its take notice arrived (leases.py): the earliest this worker
+        knows of it, though the emit's statement began the lease a moment before, ahead of its
+        commit and the notice."""
         worker_id = self.runtime.worker_id
         try:
             batch = await self.store.handed(worker_id, seq)
@@ -75,7 +78,7 @@ class Handoff(ClaimAhead):
                         type(err).__name__, err)  # fmt: skip
             return
         if batch:
-            self._start(batch, time.monotonic())
+            self._start(batch, noticed_at)
         await asyncio.sleep(0)  # a fast handler ends before the pool offers itself again
         if self.lane_listening:
             await self._offer_idle()

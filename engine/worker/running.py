@@ -57,7 +57,8 @@ class Running(PoolState):
             self.active += 1
             began = time.monotonic()
             try:
-                coro = self._run_handler(claimed)
+                # on its lease as it is while enough of it is left, else on a renewed one (leases.py)
+                coro = self._run_handler(claimed) if began <= head.start_by else self._start_renewed(claimed)
                 context = contextvars.copy_context()
                 try:
                     step = context.run(coro.send, None)
@@ -76,6 +77,11 @@ class Running(PoolState):
 
     def _left_waiting(self) -> None:
         """Messages are left waiting for a slot (claim_ahead.py renews their leases meanwhile)."""
+
+    async def _start_renewed(self, claimed: Claimed) -> None:
+        """Run a message that waited for its slot past its lease's start margin, on a renewed lease
+        (claim_ahead.py)."""
+        raise NotImplementedError
 
     async def _run_handler(self, claimed: Claimed) -> None:
         """One attempt: decode, run the flow, queue the outcome for the settler. A stop cancels it

@@ -23,12 +23,13 @@ log = logging.getLogger("engine.worker")
 
 class Waiting:
     """A claimed batch whose messages from `next` on wait for a handler slot; when their leases are
-    next renewed, and the ones whose lease was lost meanwhile (by seq, not to be run here)."""
+    next renewed, until when they start on their lease as it is (leases.py: renewed first after
+    that), and the ones whose lease was lost meanwhile (by seq, not to be run here)."""
 
-    __slots__ = ("batch", "lost", "next", "renew_at")
+    __slots__ = ("batch", "lost", "next", "renew_at", "start_by")
 
-    def __init__(self, batch: list[Claimed], renew_at: float) -> None:
-        self.batch, self.next, self.renew_at = batch, 0, renew_at
+    def __init__(self, batch: list[Claimed], renew_at: float, start_by: float) -> None:
+        self.batch, self.next, self.renew_at, self.start_by = batch, 0, renew_at, start_by
         self.lost: set[int] | None = None
 
 
