@@ -236,6 +236,7 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
     table = _grid(
         "At",
         "Actor",
+        "Source",
         "Action",
         "Signal",
         "Count",
@@ -243,13 +244,14 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
         "Ids",
         crop=("Reason",),
         wrap=("Ids",),
-        drop=("Reason", "Actor"),
+        drop=("Source", "Reason", "Actor"),
     )
     for r in rows:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
         table.add(
             when(r.at),
             escape(r.actor),
+            cell(r.source),
             escape(r.action),
             cell(r.signal),
             str(r.count),
