@@ -65,14 +65,16 @@ class ConsoleApp(App[None]):
         embedded: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = None,
         exit_after_s: float | None = None,
         actor: str | None = None,
+        source: str | None = None,
     ) -> None:
         """`embedded` is a (start, stop) pair run inside the app's loop (the demo's engine);
         `exit_after_s` quits after that many seconds (scripted demo runs); `actor` is who the
-        audit log names for every write (default: the OS user)."""
+        audit log names for every write (default: the OS user), `source` where they come from
+        (`okconsole web`: the browser's address)."""
         super().__init__()
         self.embedded = embedded
         self.exit_after_s = exit_after_s
-        self.data = StoreAdapter(database_url)
+        self.data = StoreAdapter(database_url, source=source)
         self.read_only = read_only
         self.refresh_s = refresh_s
         self.tail_url = tail_url

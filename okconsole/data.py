@@ -26,10 +26,14 @@ def _one_line(err: BaseException) -> str:
 
 
 class StoreAdapter:
-    """Opens the store lazily, reopens it after an outage, and reports outages as StoreDown."""
+    """Opens the store lazily, reopens it after an outage, and reports outages as StoreDown.
 
-    def __init__(self, database_url: str | None = None) -> None:
+    `source` is where this console's writes come from (`okconsole web`: the browser's address): every
+    write goes through `call` with an `actor`, so `call` adds it there and no screen has to know."""
+
+    def __init__(self, database_url: str | None = None, source: str | None = None) -> None:
         self.url = ops.resolve_url(database_url)
+        self.source = source
         self.store: ops.Store | None = None
         self.last_error: str | None = None
         self.opened = False
@@ -60,7 +64,10 @@ class StoreAdapter:
         return None if path is None or os.path.exists(path) else path
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """`await fn(store, *args, **kwargs)`, turning an outage into StoreDown."""
+        """`await fn(store, *args, **kwargs)`, turning an outage into StoreDown; a write (an engine.ops
+        call given an `actor`) also gets this console's `source` for its audit row."""
+        if self.source is not None and "actor" in kwargs:
+            kwargs.setdefault("source", self.source)
         store = await self._ensure()
         try:
             result = await fn(store, *args, **kwargs)

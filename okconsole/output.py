@@ -237,6 +237,7 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
     table = _grid(
         "At",
         "Actor",
+        "Source",
         "Action",
         "Signal",
         "Count",
@@ -244,13 +245,14 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
         "Ids",
         crop=("Reason",),
         wrap=("Ids",),
-        drop=("Reason", "Actor"),
+        drop=("Source", "Reason", "Actor"),
     )
     for r in rows:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
         table.add(
             when(r.at),
             safe(r.actor),
+            cell(r.source),
             safe(r.action),
             cell(r.signal),
             str(r.count),

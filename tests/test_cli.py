@@ -271,7 +271,8 @@ def test_replay_then_a_worker_delivers_with_attempts_from_zero(db_url, shop):
     assert (shown["status"], shown["attempts"], shown["replays"]) == ("pending", 0, 1)
     assert [f["code"] for f in shown["failures"]] == ["E_BOOM", "E_BOOM", "replayed"]
     [entry] = as_json(cli("--db", db_url, "audit", "--json"))
-    assert set(entry) == {"at", "actor", "action", "signal", "count", "ids", "reason"}
+    assert set(entry) == {"at", "actor", "action", "signal", "count", "ids", "reason", "source"}
+    assert entry["source"] is None  # not made from a browser
     assert (entry["actor"], entry["action"], entry["signal"], entry["count"], entry["ids"], entry["reason"]) == \
         ("ops-bot", "replay", "shop.email", 1, [ids["bad1"]], "smtp fixed")
 

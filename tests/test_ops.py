@@ -731,7 +731,7 @@ async def test_known_signals_signal_info_and_audit_order(db_url):
         entries = await ops.audit(store)
         assert [(e.actor, e.ids) for e in entries] == [("a2", [second]), ("a1", [first])]
         assert [e.actor for e in await ops.audit(store, limit=1)] == ["a2"]
-        assert set(ops.to_json(entries[0])) == {"at", "actor", "action", "signal", "count", "ids", "reason"}
+        assert set(ops.to_json(entries[0])) == {"at", "actor", "action", "signal", "count", "ids", "reason", "source"}
         assert entries[0].at >= entries[1].at > 1_600_000_000_000
 
 

@@ -300,6 +300,7 @@ async def replay(
     actor: str | None = None,
     rate: float | None = None,
     warn: Callable[[str], None] | None = None,
+    source: str | None = None,
 ) -> Replayed | ReplayPreview:
     """Requeue dead letters of `signal`: dead → pending, same id and seq, attempts 0.
 
@@ -315,6 +316,8 @@ async def replay(
     notice that it was stored unchecked, or a `UnvalidatedPayload` warning is issued). `dry_run`
     changes nothing and returns the count and up to 20 ids.
     Named ids that are no longer dead are skipped (a concurrent replay took them).
+    `source` (every write here takes it) is where the write came from, recorded in the audit row:
+    `okconsole web` passes the browser's address; None for the CLI and scripts.
     """
     id_list = _replay_ids(ids, all)
     _check_age(older_than_ms)
@@ -330,7 +333,7 @@ async def replay(
     if dry_run:
         return await store.read(lambda conn: repair.preview(conn, sel))
     replay_chunk = functools.partial(
-        repair.replay, sel=sel, actor=actor or default_actor(), reason=reason, payload_text=payload_text
+        repair.replay, sel=sel, actor=actor or default_actor(), reason=reason, payload_text=payload_text, source=source
     )
     if pace is None:  # one transaction
         done = (await store.write(replay_chunk)).ids
@@ -412,6 +415,7 @@ async def purge(
     reason: str | None = None,
     dry_run: bool = False,
     ids: Iterable[str] | None = None,
+    source: str | None = None,
 ) -> Purged | PurgePreview:
     """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
     `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
@@ -422,12 +426,20 @@ async def purge(
         return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
     actor = actor or default_actor()
     return await store.write(
-        lambda conn: repair.purge(conn, signal, status, older_than_ms, actor=actor, reason=reason, ids=id_list)
+        lambda conn: repair.purge(
+            conn, signal, status, older_than_ms, actor=actor, reason=reason, ids=id_list, source=source
+        )
     )
 
 
 async def unbind(
-    store: Store, signal: str, flow: str, *, actor: str | None = None, reason: str | None = None
+    store: Store,
+    signal: str,
+    flow: str,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    source: str | None = None,
 ) -> Unbound:
     """Retire one binding at once: no new copies for it, and its pending broadcast copies end
     `dead` with failure code "Unbound" (replayable), audited as action "unbind".
@@ -435,10 +447,11 @@ async def unbind(
     An emitter may have read the bindings up to BINDINGS_CACHE_S before the retirement: after
     that long, the copies it enqueued meanwhile are ended too (a second transaction, audited)."""
     actor = actor or default_actor()
-    kind, ids = await store.write(lambda conn: unbinding.retire(conn, signal, flow, actor=actor, reason=reason))
+    who = {"actor": actor, "reason": reason, "source": source}
+    kind, ids = await store.write(lambda conn: unbinding.retire(conn, signal, flow, **who))
     if kind == "broadcast":
         await asyncio.sleep(registry.BINDINGS_CACHE_S + 0.5)
-        ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, actor=actor, reason=reason))
+        ids += await store.write(lambda conn: unbinding.sweep(conn, signal, flow, kind, **who))
     return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)
 
 
@@ -453,18 +466,22 @@ def _named(ids: Iterable[str] | None, what: str) -> tuple[str, ...]:
     return named
 
 
-async def pause(store: Store, signal: str, *, actor: str | None = None, reason: str | None = None) -> PauseState:
+async def pause(
+    store: Store, signal: str, *, actor: str | None = None, reason: str | None = None, source: str | None = None
+) -> PauseState:
     """Pause a once or broadcast signal: from at most 1 s on no process sharing the store claims its
     messages (emits are still stored, running handlers finish); durable until `resume`. Audited.
     NotPausable (a ValueError) for a live signal; UnknownSignal for a name the store does not know."""
     actor = actor or default_actor()
-    return await store.write(lambda conn: pausing.pause(conn, signal, actor=actor, reason=reason))
+    return await store.write(lambda conn: pausing.pause(conn, signal, actor=actor, reason=reason, source=source))
 
 
-async def resume(store: Store, signal: str, *, actor: str | None = None, reason: str | None = None) -> PauseState:
+async def resume(
+    store: Store, signal: str, *, actor: str | None = None, reason: str | None = None, source: str | None = None
+) -> PauseState:
     """Lift a pause: workers in every process take the signal's messages again (woken at commit). Audited."""
     actor = actor or default_actor()
-    state = await store.write(lambda conn: pausing.resume(conn, signal, actor=actor, reason=reason))
+    state = await store.write(lambda conn: pausing.resume(conn, signal, actor=actor, reason=reason, source=source))
     if state.changed:
         wake_local(store.url)
     return state
@@ -480,6 +497,7 @@ async def cancel(
     actor: str | None = None,
     reason: str | None = None,
     dry_run: bool = False,
+    source: str | None = None,
 ) -> Cancelled | CancelPreview:
     """End pending messages (due or not yet due) and inflight ones whose lease expired `dead`, each
     with a failure {code "Cancelled", message: reason, attempt}: kept and replayable. A message under
@@ -491,27 +509,45 @@ async def cancel(
     if dry_run:
         return await store.read(lambda conn: controls.cancel_preview(conn, signal, named, key=key))
     actor = actor or default_actor()
-    return await store.write(lambda conn: controls.cancel(conn, signal, named, key=key, actor=actor, reason=reason))
+    return await store.write(
+        lambda conn: controls.cancel(conn, signal, named, key=key, actor=actor, reason=reason, source=source)
+    )
 
 
 async def delete(
-    store: Store, signal: str, ids: Iterable[str], *, actor: str | None = None, reason: str | None = None
+    store: Store,
+    signal: str,
+    ids: Iterable[str],
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    source: str | None = None,
 ) -> Deleted:
     """Delete named finished (delivered / dead) messages with their failure and step rows; others are
     skipped. One transaction, audited; the per-status counters follow (triggers)."""
     named = _named(ids, "delete")
     actor = actor or default_actor()
-    return await store.write(lambda conn: controls.delete_finished(conn, signal, named, actor=actor, reason=reason))
+    return await store.write(
+        lambda conn: controls.delete_finished(conn, signal, named, actor=actor, reason=reason, source=source)
+    )
 
 
 async def retry(
-    store: Store, signal: str, ids: Iterable[str], *, actor: str | None = None, reason: str | None = None
+    store: Store,
+    signal: str,
+    ids: Iterable[str],
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    source: str | None = None,
 ) -> Retried:
     """A named pending message waiting for its run_at (a delay or a back-off) becomes due now; others
     are skipped (a dead letter is requeued by `replay`). One transaction, audited."""
     named = _named(ids, "retry")
     actor = actor or default_actor()
-    done = await store.write(lambda conn: controls.retry_now(conn, signal, named, actor=actor, reason=reason))
+    done = await store.write(
+        lambda conn: controls.retry_now(conn, signal, named, actor=actor, reason=reason, source=source)
+    )
     if done.ids:
         wake_local(store.url)
     return done

@@ -121,7 +121,14 @@ def _leased(conn: Connection, signal: str, key: str | None, now: int) -> list[Sk
 
 
 def cancel(
-    conn: Connection, signal: str, ids: Sequence[str] | None, *, key: str | None, actor: str | None, reason: str | None
+    conn: Connection,
+    signal: str,
+    ids: Sequence[str] | None,
+    *,
+    key: str | None,
+    actor: str | None,
+    reason: str | None,
+    source: str | None = None,
 ) -> Cancelled:
     """pending (due or not) and lease-expired inflight messages → dead with code "Cancelled"
     (replayable); a message under a live lease is skipped. `ids=None`: every one of `signal` (of `key`)."""
@@ -135,7 +142,7 @@ def cancel(
     done = end_dead(conn, _cancel_where(signal, ids, key, now), code=CANCELLED, note=note, now=now)
     skipped = _skipped(conn, signal, ids, done) if ids is not None else _leased(conn, signal, key, now)
     if done:
-        write_audit(conn, "cancel", actor, signal, done[:MAX_AUDIT_IDS], reason, count=len(done), at=now)
+        write_audit(conn, "cancel", actor, signal, done[:MAX_AUDIT_IDS], reason, count=len(done), at=now, source=source)
     return Cancelled(cancelled=len(done), ids=done, skipped=skipped)
 
 
@@ -161,7 +168,13 @@ def cancel_preview(conn: Connection, signal: str, ids: Sequence[str] | None, *, 
 
 
 def delete_finished(
-    conn: Connection, signal: str, ids: Sequence[str], *, actor: str | None, reason: str | None = None
+    conn: Connection,
+    signal: str,
+    ids: Sequence[str],
+    *,
+    actor: str | None,
+    reason: str | None = None,
+    source: str | None = None,
 ) -> Deleted:
     """Delete the named finished (delivered / dead) messages with their failure and step rows; others skipped."""
     statuses_of(conn, signal, ids)
@@ -179,12 +192,20 @@ def delete_finished(
     ordered = [i for i in ids if i in deleted]
     skipped = _skipped(conn, signal, ids, ordered)
     if ordered:
-        write_audit(conn, "delete", actor, signal, ordered[:MAX_AUDIT_IDS], reason, count=len(ordered), at=now)
+        write_audit(
+            conn, "delete", actor, signal, ordered[:MAX_AUDIT_IDS], reason, count=len(ordered), at=now, source=source
+        )
     return Deleted(deleted=len(ordered), ids=ordered, skipped=skipped)
 
 
 def retry_now(
-    conn: Connection, signal: str, ids: Sequence[str], *, actor: str | None, reason: str | None = None
+    conn: Connection,
+    signal: str,
+    ids: Sequence[str],
+    *,
+    actor: str | None,
+    reason: str | None = None,
+    source: str | None = None,
 ) -> Retried:
     """A named pending message waiting for its run_at (a delay, a back-off) becomes due now; others skipped."""
     statuses_of(conn, signal, ids)
@@ -200,5 +221,5 @@ def retry_now(
     done = [r.id for r in sorted(rows, key=lambda r: r.seq)]
     if done:
         notify_queues(conn, sorted({r.queue for r in rows}))
-        write_audit(conn, "retry", actor, signal, done[:MAX_AUDIT_IDS], reason, count=len(done), at=now)
+        write_audit(conn, "retry", actor, signal, done[:MAX_AUDIT_IDS], reason, count=len(done), at=now, source=source)
     return Retried(retried=len(done), ids=done, skipped=_skipped(conn, signal, ids, done))

@@ -21,7 +21,9 @@ from .repair import default_actor, write_audit
 PAUSABLE = ("once", "broadcast", "unknown")  # "unknown": a signal nobody recorded that has no messages yet
 
 
-def pause(conn: Connection, signal: str, *, actor: str | None, reason: str | None) -> PauseState:
+def pause(
+    conn: Connection, signal: str, *, actor: str | None, reason: str | None, source: str | None = None
+) -> PauseState:
     """Pause `signal` (a no-op, unaudited, when it is paused already)."""
     queries.require_signal(conn, signal)
     kind = queries.signal_kind(conn, signal)
@@ -31,17 +33,19 @@ def pause(conn: Connection, signal: str, *, actor: str | None, reason: str | Non
     now = lease_clock_ms(conn)
     changed = pauses.add(conn, signal, at=now, actor=actor, reason=reason)
     if changed:
-        write_audit(conn, "pause", actor, signal, [], reason, at=now)
+        write_audit(conn, "pause", actor, signal, [], reason, at=now, source=source)
         notify_pause(conn, signal)
     return PauseState(signal=signal, paused=True, changed=changed)
 
 
-def resume(conn: Connection, signal: str, *, actor: str | None, reason: str | None) -> PauseState:
+def resume(
+    conn: Connection, signal: str, *, actor: str | None, reason: str | None, source: str | None = None
+) -> PauseState:
     """Lift the pause on `signal` and wake the workers of its queues (a no-op when it was not paused)."""
     queries.require_signal(conn, signal)
     changed = pauses.remove(conn, signal)
     if changed:
-        write_audit(conn, "resume", actor, signal, [], reason, at=lease_clock_ms(conn))
+        write_audit(conn, "resume", actor, signal, [], reason, at=lease_clock_ms(conn), source=source)
         notify_pause(conn, signal)
         notify_queues(conn, queues_of(conn, signal))
     return PauseState(signal=signal, paused=False, changed=changed)

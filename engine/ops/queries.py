@@ -390,6 +390,7 @@ def audit(conn: Connection, limit: int = 100, action: str | None = None) -> list
             count=r._mapping["count"],
             ids=json.loads(r.ids),
             reason=r.reason,
+            source=r.source,
         )
         for r in conn.execute(query)
     ]

@@ -368,6 +368,7 @@ class AuditEntry:
     count: int
     ids: list[str]
     reason: str | None
+    source: str | None = None  # where the write came from ("web ADDRESS:PORT"); None: not from a browser
 
 
 def to_json(record: Any) -> Any:

@@ -62,7 +62,9 @@ def write_audit(
     reason: str | None,
     count: int | None = None,
     at: int | None = None,
+    source: str | None = None,
 ) -> None:
+    """One audit row; `source` says where the write came from (`okconsole web`: the browser's address)."""
     conn.execute(
         schema.audit.insert().values(
             at=at if at is not None else now_ms(),
@@ -72,6 +74,7 @@ def write_audit(
             count=len(ids) if count is None else count,
             ids=json.dumps(list(ids)),
             reason=reason,
+            source=source,
         )
     )
 
@@ -198,6 +201,7 @@ def replay(
     payload_text: str | None = None,
     seqs: Sequence[int] | None = None,
     verify: bool = True,
+    source: str | None = None,
 ) -> ReplayBatch:
     """dead → pending for the selected dead letters, in one transaction.
 
@@ -230,7 +234,8 @@ def replay(
     ids = [d[1] for d in done]
     if not ids:
         return ReplayBatch(ids=[], queues=[])
-    _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=payload_text is not None, now=now)
+    replaced = payload_text is not None
+    _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=replaced, now=now, source=source)
     queues = sorted({d[2] for d in done})
     notify_queues(conn, queues)
     return ReplayBatch(ids=ids, queues=queues)
@@ -259,7 +264,15 @@ def _requeue(
 
 
 def _record_replay(
-    conn: Connection, signal: str, ids: list[str], *, actor: str, reason: str | None, replaced: bool, now: int
+    conn: Connection,
+    signal: str,
+    ids: list[str],
+    *,
+    actor: str,
+    reason: str | None,
+    replaced: bool,
+    now: int,
+    source: str | None,
 ) -> None:
     """A "replayed" marker in each message's failure history, and one audit row."""
     note = f"replayed by {actor}"
@@ -285,7 +298,7 @@ def _record_replay(
     audit_reason = reason
     if replaced:
         audit_reason = f"{reason} [payload replaced]" if reason else "[payload replaced]"
-    write_audit(conn, "replay", actor, signal, ids, audit_reason, at=now)
+    write_audit(conn, "replay", actor, signal, ids, audit_reason, at=now, source=source)
 
 
 # -- purge ----------------------------------------------------------------------------------------
@@ -329,6 +342,7 @@ def purge(
     actor: str | None,
     reason: str | None,
     ids: Sequence[str] | None = None,
+    source: str | None = None,
 ) -> Purged:
     """Delete finished messages with their failure rows and step rows, and audit it, in one transaction.
 
@@ -349,5 +363,5 @@ def purge(
         count += len(gone)
         deleted += gone[: MAX_AUDIT_IDS - len(deleted)]
     if count:
-        write_audit(conn, "purge", actor, signal, deleted, reason, count=count, at=now)
+        write_audit(conn, "purge", actor, signal, deleted, reason, count=count, at=now, source=source)
     return Purged(purged=count, ids=deleted)

@@ -21,13 +21,16 @@ m = schema.messages
 UNBOUND = "Unbound"  # the failure code of a copy ended by `unbind`
 
 
-def retire(conn: Connection, signal: str, flow: str, *, actor: str | None, reason: str | None) -> tuple[str, list[str]]:
+def retire(
+    conn: Connection, signal: str, flow: str, *, actor: str | None, reason: str | None, source: str | None = None
+) -> tuple[str, list[str]]:
     """Retire (signal, flow) and end its copies: the binding's kind and the ids it ended, in seq order."""
     kind = binding_kind(conn, signal, flow)
     now = lease_clock_ms(conn)
     registry.retire(conn, signal, flow, now)
     ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
-    write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason), count=len(ids), at=now)
+    why = _audit_reason(flow, reason)
+    write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], why, count=len(ids), at=now, source=source)
     return kind, ids
 
 
@@ -52,14 +55,22 @@ def end_copies(
     return controls.end_dead(conn, [where], code=UNBOUND, note=note, now=now)
 
 
-def sweep(conn: Connection, signal: str, flow: str, kind: str, *, actor: str | None, reason: str | None) -> list[str]:
+def sweep(
+    conn: Connection,
+    signal: str,
+    flow: str,
+    kind: str,
+    *,
+    actor: str | None,
+    reason: str | None,
+    source: str | None = None,
+) -> list[str]:
     """The copies an emitter enqueued from bindings it had read just before the retirement."""
     now = lease_clock_ms(conn)
     ids = end_copies(conn, signal, flow, kind, actor=actor, reason=reason, now=now)
     if ids:
-        write_audit(
-            conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], _audit_reason(flow, reason), count=len(ids), at=now
-        )
+        why = _audit_reason(flow, reason)
+        write_audit(conn, "unbind", actor, signal, ids[:MAX_AUDIT_IDS], why, count=len(ids), at=now, source=source)
     return ids
 
 

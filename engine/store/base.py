@@ -150,6 +150,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: migrations.add_binding_activity,  # 2 -> 3: binding activity (binding_ttl, unbind), JSON Schemas
     3: migrations.add_message_timing,  # 3 -> 4: run_at, priority, dedupe (time and order options)
     4: migrations.collate_names_bytewise,  # 4 -> 5: names and ids compare bytewise on PostgreSQL
+    5: migrations.add_audit_source,  # 5 -> 6: where an audited write came from (okconsole web)
 }
 
 

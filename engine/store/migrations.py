@@ -24,6 +24,10 @@ _V4_COLUMNS = {
 }
 
 
+# the column version 6 added to oke_audit (NULL: a write not made from `okconsole web`)
+_V6_COLUMNS = {"oke_audit": {"source": "TEXT"}}
+
+
 def _add_columns(conn: Connection, tables: dict[str, dict[str, str]]) -> None:
     found = inspect(conn)
     for table, columns in tables.items():
@@ -66,3 +70,8 @@ def collate_names_bytewise(conn: Connection) -> None:
         ]
         if alters:
             conn.execute(text(f"ALTER TABLE {table.name} {', '.join(alters)}"))
+
+
+def add_audit_source(conn: Connection) -> None:
+    """5 -> 6: the audit's `source`, added in place; rows written before read as NULL (not recorded)."""
+    _add_columns(conn, _V6_COLUMNS)

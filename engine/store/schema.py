@@ -18,7 +18,8 @@ from sqlalchemy.engine import Dialect
 #    paused signals; new tables (create_all adds them): the workers' heartbeats (oke_workers) and
 #    per signal and minute history (oke_history, store/history.py)
 # 5: names and ids compare bytewise on PostgreSQL (COLLATE "C"), whatever the database's locale
-SCHEMA_VERSION = 5
+# 6: the audit's source (where a write came from: `okconsole web` records the browser's address)
+SCHEMA_VERSION = 6
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -313,6 +314,7 @@ audit = Table(
     Column("count", Integer, nullable=False),
     Column("ids", Text, nullable=False),  # JSON list
     Column("reason", Text),
+    Column("source", Text),  # e.g. "web 203.0.113.7:51234"; NULL: not made from a browser
 )
 
 tapes = Table(

@@ -9,7 +9,7 @@ import typer
 
 from .common import State, url_of
 from .session import check_sqlite_file
-from .web import WEB_DRIVER
+from .web import WEB_DRIVER, web_source
 
 
 def version() -> str:
@@ -58,12 +58,17 @@ def run_tui(
     tail_url: str | None = None,
     tail_token: str | None = None,
     actor: str | None = None,
+    source: str | None = None,
 ) -> None:
-    """The Textual console over `database_url` (a missing SQLite file is refused first)."""
+    """The Textual console over `database_url` (a missing SQLite file is refused first); `source` is
+    where its writes come from for the audit log (a browser session of `okconsole web`)."""
     from ..app import ConsoleApp
 
     check_sqlite_file(database_url)
-    ConsoleApp(database_url, read_only=read_only, tail_url=tail_url, tail_token=tail_token, actor=actor).run()
+    app = ConsoleApp(
+        database_url, read_only=read_only, tail_url=tail_url, tail_token=tail_token, actor=actor, source=source
+    )
+    app.run()
 
 
 def root(
@@ -86,4 +91,4 @@ def root(
     ctx.obj = State(db=url_of(db), read_only=read_only, actor=actor)
     if ctx.invoked_subcommand is None:
         require_terminal(ctx)
-        run_tui(ctx.obj.db, read_only, actor=actor)
+        run_tui(ctx.obj.db, read_only, actor=actor, source=web_source())
