@@ -11,11 +11,14 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.suggester import SuggestFromList
 
 from engine import ops
+from engine.display import inert
 
+from . import safe
 from .data import StoreAdapter, StoreDown
 from .screens.audit import AuditScreen
 from .screens.detail import DetailScreen
@@ -84,7 +87,7 @@ class ConsoleApp(App[None]):
         self.signal_kinds: dict[str, str] = {}  # name -> kind, as the overview last read them
 
     async def on_mount(self) -> None:
-        self.sub_title = self.data.url + (" · read-only" if self.read_only else "")
+        self.sub_title = inert(self.data.url) + (" · read-only" if self.read_only else "")
         if self.embedded is not None:
             await self.embedded[0]()
         self.push_screen(OverviewScreen())
@@ -95,6 +98,21 @@ class ConsoleApp(App[None]):
         if self.embedded is not None:
             await self.embedded[1]()
         await self.data.close()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every notice the console raises is plain text: they quote names, ids, keys and store
+        errors, so each is made inert and never read as markup (whatever `markup` says)."""
+        super().notify(
+            inert(message, multiline=True), title=inert(title), severity=severity, timeout=timeout, markup=False
+        )
 
     # -- navigation ------------------------------------------------------------------------
     def open_messages(self, signal: str, status: str | None = None) -> None:
@@ -225,7 +243,7 @@ class ConsoleApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Signals overview", "Back to the list of signals", self.open_signals)
-        yield SystemCommand("Jump…", f"Go to: {JUMPS}", self.action_jump)
+        yield SystemCommand("Jump…", f"Go to: {safe.escape(JUMPS)}", self.action_jump)
         yield SystemCommand("Audit log", "Every replay and purge, who and why", self.open_audit)
         yield SystemCommand("Workers", "Who holds the leases; orphaned ones marked", self.open_workers)
         yield SystemCommand("Help", "Keys and commands", self.action_help)
@@ -236,6 +254,5 @@ class ConsoleApp(App[None]):
                 def run(action: str = action) -> None:
                     self.call_later(screen.run_action, action)
 
-                yield SystemCommand(
-                    binding.description, f"{screen.TITLE_TEXT or 'this screen'}: key {binding.key}", run
-                )
+                where = safe.escape(screen.TITLE_TEXT) if screen.TITLE_TEXT else "this screen"
+                yield SystemCommand(binding.description, f"{where}: key {binding.key}", run)

@@ -1,5 +1,6 @@
-"""The colour of every status, once, for the CLI's Rich tables and the TUI's Textual markup alike
-(both read Rich style strings): a message's status and a run's."""
+"""The colour of every status, once, for the CLI's Rich tables and the TUI's cells alike (both
+read Rich style strings): a message's status and a run's. The TUI styles plain text objects
+(okconsole/safe.py); `styled` and `status_markup` write Rich markup, for the CLI."""
 
 from __future__ import annotations
 

@@ -9,8 +9,10 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 
 from engine import ops
+from engine.display import one_line
 
 from .. import fmt
+from ..safe import cell
 from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 
@@ -51,7 +53,7 @@ class AuditScreen(ConsoleScreen):
             if keep is None or keep(" ".join(cells[:5] + e.ids + cells[6:])):
                 key = f"{e.at}:{i}"
                 self.ids[key] = e.ids
-                rows.append((key, cells))
+                rows.append((key, [*map(cell, cells[:6]), cell(one_line(cells[6]))]))  # a reason may span lines
         sync_rows(self.query_one("#audit", DataTable), rows, COLUMNS)
 
     def _selected_ids(self) -> list[str]:

@@ -7,10 +7,14 @@ from typing import TYPE_CHECKING, Any
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Input, Static
 
+from engine.display import inert
+
 from ..data import StoreDown
+from ..safe import content
 from ..widgets.keys import ConsoleFooter
 
 if TYPE_CHECKING:
@@ -48,7 +52,7 @@ class ConsoleScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         # until the store first answers (a server that accepts and never replies): say so
-        yield Static(f"[b]okconsole[/b] · connecting to {self.console.data.url}…", id="status")
+        yield Static(content("[b]okconsole[/b] · connecting to $url…", url=self.console.data.url), id="status")
         yield from self.body()
         yield Input(placeholder="filter (prefix ! inverts) — enter applies, esc clears", id="filter")
         yield ConsoleFooter()
@@ -57,7 +61,7 @@ class ConsoleScreen(Screen[None]):
         yield from ()
 
     def on_mount(self) -> None:
-        self.sub_title = self.TITLE_TEXT  # the first load comes with ScreenResume, as every later one
+        self.sub_title = inert(self.TITLE_TEXT)  # the first load comes with ScreenResume, as every later one
         self.set_interval(self.console.refresh_s, self.action_refresh)
 
     def action_refresh(self) -> None:
@@ -90,17 +94,21 @@ class ConsoleScreen(Screen[None]):
             await self.load()
         except StoreDown as down:
             status.set_class(True, "down")
-            status.update(f"[b]store unreachable[/b] ({self.console.data.url}): {down} — retrying")
+            status.update(
+                content("[b]store unreachable[/b] ($url): $down — retrying", url=self.console.data.url, down=down)
+            )
             self.console.store_ok = False
             return
         status.set_class(False, "down")
         self.console.store_ok = True
         status.update(self.status_text())
 
-    def status_text(self) -> str:
+    def status_text(self) -> Content:
         mode = " · [b]read-only[/b]" if self.console.read_only else ""
-        where = f" · {self.TITLE_TEXT}" if self.TITLE_TEXT else ""
-        return f"[b]okconsole[/b]{where} · store {self.console.data.url} · ok{mode}"
+        where = " · $where" if self.TITLE_TEXT else ""
+        return content(
+            f"[b]okconsole[/b]{where} · store $url · ok{mode}", where=self.TITLE_TEXT, url=self.console.data.url
+        )
 
     async def load(self) -> None:
         """Fetch from the store and render; raise StoreDown when it is away."""

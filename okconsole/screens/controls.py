@@ -16,6 +16,7 @@ from textual.binding import Binding
 
 from engine import ops
 
+from ..safe import content
 from .base import ConsoleScreen
 from .modals import ConfirmScreen
 
@@ -72,7 +73,7 @@ class MessageControls(ConsoleScreen):
                 worker = self.run_write(verb, CALLS[verb], signal, ids, reason=reason)
                 self.run_worker(self._report(control, signal, worker), group="report", exit_on_error=False)
 
-        question = f"{control.label} {len(ids)} {noun} of {signal}? {control.effect}"
+        question = content(f"{control.label} {len(ids)} {noun} of $signal? {control.effect}", signal=signal)
         self.app.push_screen(ConfirmScreen(question, f"{control.label} {len(ids)}"), confirmed)
 
     async def _report(self, control: Control, signal: str, worker: Any) -> None:

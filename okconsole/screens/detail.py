@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from rich.console import Group, RenderableType
 from rich.syntax import Syntax
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.widgets import Static, Tree
 
 from engine import ops
 
 from .. import fmt
+from ..safe import cell, content, json_pane, pane
 from ..styles import DEAD_STYLE
 from .base import text_filter
 from .controls import MessageControls
@@ -60,7 +62,7 @@ class DetailScreen(MessageControls):
         try:
             detail = await self.console.data.call(ops.show, self.message_id)
         except LookupError as err:
-            self.query_one("#title", Static).update(f"[b red]{err}[/]")
+            self.query_one("#title", Static).update(content("[b red]$err[/]", err=err))
             return
         self.detail = detail
         if detail != self.rendered or self.filter_text != self.rendered_filter:
@@ -69,37 +71,19 @@ class DetailScreen(MessageControls):
 
     def render_detail(self, d: Any) -> None:
         self.query_one("#title", Static).update(
-            f"[b]{d.id}[/b] · {d.signal} · [b]{d.status}[/b] · attempts {d.attempts}/{d.retries + 1}"
-            f" · key {d.key or '—'} · replays {d.replays} · created {fmt.clock(d.created_at)}"
-            + (f" · filter {self.filter_text!r}" if self.filter_text else "")
-        )
-        self.query_one("#payload-text", Static).update(
-            Syntax(
-                json.dumps(d.payload, indent=2, ensure_ascii=False), "json", word_wrap=True, background_color="default"
+            content(
+                f"[b]$id[/b] · $signal · [b]$status[/b] · attempts {d.attempts}/{d.retries + 1}"
+                f" · key $key · replays {d.replays} · created {fmt.clock(d.created_at)}"
+                + (" · filter $filter" if self.filter_text else ""),
+                id=d.id,
+                signal=d.signal,
+                status=d.status,
+                key=d.key or "—",
+                filter=repr(self.filter_text),
             )
         )
-        lease = d.lease
-        lines = [f"flow {d.flow or '—'} · parent run {d.parent_run_id or '—'}"]
-        if d.status == "inflight":
-            left = (lease.lease_expires_at or 0) - fmt.now_ms()
-            state = "[b yellow]reclaimable now[/]" if lease.reclaimable else f"{fmt.span(left)} left"
-            lines.append(f"lease: held by {lease.locked_by} · {state}")
-            if lease.orphaned:
-                lines.append("[b red]⚠ orphaned[/]: its holder has not been seen for 30 s (stuck, not slow; :workers)")
-        else:
-            lines.append("lease: none")
-        if d.due_at is not None:  # a delay or a back-off's next attempt still ahead
-            what = "next attempt" if d.attempts else "due"
-            left = fmt.span(d.due_at - fmt.now_ms())
-            lines.append(f"[b yellow]{what} at {fmt.clock(d.due_at)}[/] (in {left}): not claimed before")
-        if d.priority or d.dedupe is not None:
-            lines.append(f"priority {d.priority} · dedupe {d.dedupe or '—'}")
-        if d.blocked_by is not None:
-            b = d.blocked_by
-            lines.append(
-                f"[b yellow]blocked behind[/] {b.id} ({b.status}, attempts {b.attempts}) — the head of key {d.key!r}"
-            )
-        self.query_one("#lease", Static).update("\n".join(lines))
+        self.query_one("#payload-text", Static).update(payload_view(d.payload))
+        self.query_one("#lease", Static).update(Content("\n").join(lease_lines(d)))
         keep = text_filter(self.filter_text) if self.filter_text else None  # '/': failures and trace
         shown = [f for f in d.failures if keep is None or keep(f"{f.attempt} {f.code} {f.message}")]
         self.query_one("#failures-text", Static).update(failure_lines(shown))
@@ -152,7 +136,8 @@ class DetailScreen(MessageControls):
             if reason:
                 self.run_write("replay", ops.replay, d.signal, [d.id], reason=reason)
 
-        self.app.push_screen(ConfirmScreen(f"Replay 1 dead letter of {d.signal} ({d.id})?", "Replay 1"), confirmed)
+        question = content("Replay 1 dead letter of $signal ($id)?", signal=d.signal, id=d.id)
+        self.app.push_screen(ConfirmScreen(question, "Replay 1"), confirmed)
 
     def action_edit(self) -> None:
         d = self._replayable()
@@ -172,23 +157,69 @@ class DetailScreen(MessageControls):
             # after the editor has gone: pushed from its dismiss callback, the pop would take this one
             self.app.call_later(
                 self.app.push_screen,
-                ConfirmScreen(f"Replay {d.id} of {d.signal} with the edited payload?", "Replay 1"),
+                ConfirmScreen(
+                    content("Replay $id of $signal with the edited payload?", id=d.id, signal=d.signal), "Replay 1"
+                ),
                 confirmed,
             )
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)
 
 
+def payload_view(payload: Any) -> RenderableType:
+    """The payload as highlighted JSON, at most 64 KiB of it, then how much more there is."""
+    head, note = json_pane(payload)
+    syntax = Syntax(head, "json", word_wrap=True, background_color="default")
+    return Group(syntax, Text(note, "dim")) if note else syntax
+
+
+def lease_lines(d: Any) -> list[Content]:
+    """Flow and parent run, the lease and its holder, when it is due, and the head it waits behind."""
+    lease = d.lease
+    lines = [content("flow $flow · parent run $parent", flow=d.flow or "—", parent=d.parent_run_id or "—")]
+    if d.status == "inflight":
+        left = (lease.lease_expires_at or 0) - fmt.now_ms()
+        state = "[b yellow]reclaimable now[/]" if lease.reclaimable else f"{fmt.span(left)} left"
+        lines.append(content(f"lease: held by $holder · {state}", holder=lease.locked_by))
+        if lease.orphaned:
+            lines.append(
+                content("[b red]⚠ orphaned[/]: its holder has not been seen for 30 s (stuck, not slow; :workers)")
+            )
+    else:
+        lines.append(Content("lease: none"))
+    if d.due_at is not None:  # a delay or a back-off's next attempt still ahead
+        what = "next attempt" if d.attempts else "due"
+        left = fmt.span(d.due_at - fmt.now_ms())
+        lines.append(content(f"[b yellow]{what} at {fmt.clock(d.due_at)}[/] (in {left}): not claimed before"))
+    if d.priority or d.dedupe is not None:
+        lines.append(content(f"priority {d.priority} · dedupe $dedupe", dedupe=d.dedupe or "—"))
+    if d.blocked_by is not None:
+        b = d.blocked_by
+        lines.append(
+            content(
+                f"[b yellow]blocked behind[/] $head ($status, attempts {b.attempts}) — the head of key '$key'",
+                head=b.id,
+                status=b.status,
+                key=d.key,
+            )
+        )
+    return lines
+
+
 def failure_lines(failures: list[Any]) -> Text:
     """Every failure, newest first: `attempt N · CODE`, its time on a line of its own (so it is never
-    split), then its message, which wraps by words at any width (a table would cut it at 80 columns)."""
+    split), then its message, which wraps by words at any width (a table would cut it at 80 columns);
+    a message (a traceback) over 64 KiB is cut, saying how much more there is."""
     text = Text()
     for f in reversed(failures):
         style = "b cyan" if f.code == "replayed" else DEAD_STYLE
         if text:
             text.append("\n")
         text.append(f"attempt {f.attempt} · ", "dim")
-        text.append(f.code, style)
+        text.append(cell(f.code, style))
         text.append(f"\n  at {fmt.clock(f.at)}\n", "dim")
-        text.append(f"  {f.message}\n" if f.message else "")
+        if f.message:
+            text.append("  ")
+            text.append(pane(f.message))
+            text.append("\n")
     return text if text else Text("none", "dim")

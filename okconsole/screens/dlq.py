@@ -9,9 +9,11 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from engine import ops
+from engine.display import one_line
 
 from .. import fmt
-from ..styles import DEAD_STYLE, styled
+from ..safe import cell, content
+from ..styles import DEAD_STYLE
 from ..widgets.tui_tables import Table, sync_rows
 from .base import text_filter
 from .controls import MessageControls
@@ -113,7 +115,12 @@ class DeadLettersScreen(MessageControls):
         rows = [
             (
                 f"{g.code}\x00{g.message}",
-                [str(g.count), styled(g.code, DEAD_STYLE), fmt.short(g.message, 80), fmt.ago(g.last_at)],
+                [
+                    cell(str(g.count)),
+                    cell(g.code, DEAD_STYLE),
+                    cell(fmt.short(one_line(g.message), 80)),
+                    cell(fmt.ago(g.last_at)),
+                ],
             )
             for g in groups
         ]
@@ -134,13 +141,13 @@ class DeadLettersScreen(MessageControls):
                 (
                     d.id,
                     [
-                        "●" if d.id in self.tagged else " ",
-                        d.id,
-                        d.key or "—",
-                        str(d.attempts),
-                        code,
-                        fmt.short(message, 60),
-                        fmt.ago(d.created_at),
+                        cell("●" if d.id in self.tagged else " "),
+                        cell(d.id),
+                        cell(d.key or "—"),
+                        cell(str(d.attempts)),
+                        cell(code),
+                        cell(fmt.short(one_line(message), 60)),
+                        cell(fmt.ago(d.created_at)),
                     ],
                 )
             )
@@ -150,10 +157,14 @@ class DeadLettersScreen(MessageControls):
         )
         total = self.total_dead if self.total_dead is not None else len(self.letters)
         more = f" (showing the newest {len(self.letters)})" if total > len(self.letters) else ""
-        filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
+        filt = " · filter $filter" if self.filter_text else ""
         ro = " · [b]read-only[/b]" if self.console.read_only else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {total:,} dead{more} · {len(self.tagged)} tagged{filt}{ro}"
+            content(
+                f"[b]$signal[/b] · {total:,} dead{more} · {len(self.tagged)} tagged{filt}{ro}",
+                signal=self.signal,
+                filter=repr(self.filter_text),
+            )
         )
 
     def apply_filter(self, text: str) -> None:
@@ -202,22 +213,20 @@ class DeadLettersScreen(MessageControls):
             if reason:
                 self._watch(self.run_write("replay", ops.replay, self.signal, ids, reason=reason))
 
-        self.app.push_screen(
-            ConfirmScreen(f"Replay {len(ids)} {noun} of {self.signal}?", f"Replay {len(ids)}"), confirmed
-        )
+        question = content(f"Replay {len(ids)} {noun} of $signal?", signal=self.signal)
+        self.app.push_screen(ConfirmScreen(question, f"Replay {len(ids)}"), confirmed)
 
     def action_replay_all(self) -> None:
         if self.refuse_write():
             return
         if self.filter_text:
             ids = list(self.shown)
-            question = f"Replay all {len(ids)} dead letters of {self.signal} matching {self.filter_text!r}?"
+            template = f"Replay all {len(ids)} dead letters of $signal matching $filter?"
         else:
             ids = []
-            question = (
-                f"Replay ALL {len(self.letters)}{'+' if len(self.letters) >= LIMIT else ''} "
-                f"dead letters of {self.signal}?"
-            )
+            more = "+" if len(self.letters) >= LIMIT else ""
+            template = f"Replay ALL {len(self.letters)}{more} dead letters of $signal?"
+        question = content(template, signal=self.signal, filter=repr(self.filter_text))
         if self.filter_text and not ids:
             self.notify("no dead letter matches the filter")
             return
@@ -262,7 +271,10 @@ class DeadLettersScreen(MessageControls):
             # after the editor has gone: pushed from its dismiss callback, the pop would take this one
             self.app.call_later(
                 self.app.push_screen,
-                ConfirmScreen(f"Replay {letter.id} of {self.signal} with the edited payload?", "Replay 1"),
+                ConfirmScreen(
+                    content("Replay $id of $signal with the edited payload?", id=letter.id, signal=self.signal),
+                    "Replay 1",
+                ),
                 confirmed,
             )
 
@@ -316,12 +328,10 @@ class DeadLettersScreen(MessageControls):
             if reason:
                 self.run_write("purge", ops.purge, self.signal, "dead", ids=ids, reason=reason)
 
-        self.app.push_screen(
-            ConfirmScreen(
-                f"Delete {count:,} {which}{noun} of {self.signal}? This cannot be undone.", f"Purge {count:,}"
-            ),
-            confirmed,
+        question = content(
+            f"Delete {count:,} ${{which}}{noun} of $signal? This cannot be undone.", which=which, signal=self.signal
         )
+        self.app.push_screen(ConfirmScreen(question, f"Purge {count:,}"), confirmed)
 
     def _watch(self, worker: Any) -> None:
         async def report() -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import time
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
 from engine import ops
+from engine.display import inert
 
 from .. import charts, fmt
+from ..safe import content
 from .base import ConsoleScreen
 
 WINDOW_KEYS = list(charts.WINDOWS)
@@ -51,7 +52,7 @@ class HistoryScreen(ConsoleScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.sub_title = f"history · {self.signal}"
+        self.sub_title = inert(f"history · {self.signal}")
 
     def action_window(self, key: str) -> None:
         self.window = key
@@ -73,7 +74,7 @@ class HistoryScreen(ConsoleScreen):
             for key, (name, _m) in charts.WINDOWS.items()
         )
         self.query_one("#history-title", Static).update(
-            f"[b]{escape(self.signal)}[/] — per second, each minute, last {label}   {choices}"
+            content(f"[b]$signal[/] — per second, each minute, last {label}   {choices}", signal=self.signal)
         )
         for (name, _l), one in zip(charts.SERIES, charts.series(points, now, minutes), strict=True):
             self.query_one(f"#head-{name}", Static).update(one.header())

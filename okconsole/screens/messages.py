@@ -13,9 +13,11 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
 from engine import ops
+from engine.display import inert
 
 from .. import fmt
-from ..styles import status_markup
+from ..safe import cell, content
+from ..styles import STATUS_STYLE
 from ..widgets.tui_tables import Table, sync_rows
 from .controls import MessageControls
 
@@ -126,14 +128,14 @@ class MessagesScreen(MessageControls):
         for row in sorted(self.rows, key=lambda r: r.created_at):
             if row.key is not None and row.status in ("pending", "inflight") and row.key not in heads:
                 heads[row.key] = row.id
-        wanted: dict[str, list[str]] = {}
+        wanted: dict[str, list[Any]] = {}
         for row in self.rows:
-            lease = owner = "—"
+            lease, owner = cell("—"), "—"
             note = ""
             if row.status == "inflight":
-                owner = fmt.short(row.locked_by, 24)
+                owner = fmt.short(inert(row.locked_by) or None, 24)
                 left = (row.lease_expires_at or 0) - now
-                lease = fmt.span(left) if left > 0 else "[b yellow]expired[/]"
+                lease = cell(fmt.span(left)) if left > 0 else cell("expired", "b yellow")
                 if left <= 0:
                     note = "reclaimable now"
             head = heads.get(row.key or "")
@@ -145,16 +147,20 @@ class MessagesScreen(MessageControls):
             if row.parent_run_id and not note:
                 note = f"from {row.parent_run_id}"
             wanted[row.id] = [
-                row.id,
-                status_markup(row.status),
-                row.key or "—",
-                str(row.attempts),
-                owner,
+                cell(row.id),
+                cell(row.status, STATUS_STYLE.get(row.status)),
+                cell(row.key or "—"),
+                cell(str(row.attempts)),
+                cell(owner),
                 lease,
-                fmt.ago(row.created_at),
-                note,
+                cell(fmt.ago(row.created_at)),
+                cell(note),
             ]
         sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
+        self.render_title(bool(wanted))
+
+    def render_title(self, any_row: bool) -> None:
+        """What the page shows (signal, status, order, page, search), or why it is empty."""
         status = self.status or "all"
         page_no = len(self.cursors)
         more = (" · n: search on" if self.cut else " · n: next page") if self.next_cursor is not None else ""
@@ -162,22 +168,26 @@ class MessagesScreen(MessageControls):
             order = "newest first" if self.descending else "oldest first"
         else:
             order = f"by {dict(COLUMNS)[self.sort_column]} {'▼' if self.descending else '▲'}"
-        found = f" · search {self.filter_text!r}" if self.filter_text else ""
+        found = " · search $search" if self.filter_text else ""
         part = " (the store searched part of the signal)" if self.cut else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}"
+            content(
+                f"[b]$signal[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}",
+                signal=self.signal,
+                search=repr(self.filter_text),
+            )
         )
         empty = self.query_one("#empty", Static)
         empty.update(
             ""
-            if wanted
+            if any_row
             else (
                 "No match in this part of the signal: n searches on."
                 if self.cut and self.next_cursor
                 else "No messages here."
             )
         )
-        empty.display = not wanted
+        empty.display = not any_row
 
     def _first_page(self) -> None:
         self.cursors = [None]

@@ -8,10 +8,14 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen, Screen
 from textual.suggester import Suggester
 from textual.widgets import Button, Input, Label, Static, TextArea
 
+from engine.display import json_text
+
+from ..safe import content
 from ..widgets.keys import help_table
 
 
@@ -23,7 +27,8 @@ class ConfirmScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, question: str, action_label: str = "Confirm") -> None:
+    def __init__(self, question: Content, action_label: str = "Confirm") -> None:
+        """`question` is Content (okconsole.safe.content): it names signals and ids, stored text."""
         super().__init__()
         self.question = question
         self.action_label = action_label
@@ -75,7 +80,7 @@ class PromptScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(self.label)
+            yield Label(Content(self.label))  # plain: "messages SIGNAL [STATUS]" is not markup
             yield Input(value=self.value, placeholder=self.placeholder, id="prompt-input", suggester=self.suggester)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -97,8 +102,9 @@ class EditPayloadScreen(ModalScreen[Any]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Label(f"Payload of {self.message_id} (ctrl+s replays with it, esc cancels)")
-            yield TextArea(json.dumps(self.payload, indent=2, ensure_ascii=False), language="json", id="payload-editor")
+            yield Label(content("Payload of $id (ctrl+s replays with it, esc cancels)", id=self.message_id))
+            # every control character as a JSON escape: the editor draws it visibly, json.loads reads it back
+            yield TextArea(json_text(self.payload, indent=2), language="json", id="payload-editor")
             yield Label("", id="edit-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -115,7 +121,7 @@ class EditPayloadScreen(ModalScreen[Any]):
         try:
             value = json.loads(text)
         except ValueError as err:
-            self.query_one("#edit-error", Label).update(f"[b red]not JSON:[/] {err}")
+            self.query_one("#edit-error", Label).update(content("[b red]not JSON:[/] $err", err=err))
             return
         self.dismiss({"payload": value})
 
@@ -141,7 +147,7 @@ class HelpScreen(ModalScreen[None]):
         title = getattr(self.under, "TITLE_TEXT", "") or "this screen"
         with Vertical(id="dialog"):
             with VerticalScroll(id="help-text"):
-                yield Static(f"[b]Keys · {title}[/b]")
+                yield Static(content("[b]Keys · $title[/b]", title=title))
                 yield Static(help_table(self.under))
                 yield Static("esc closes · --read-only hides every write")
 

@@ -6,7 +6,6 @@ import time
 from collections import deque
 from typing import Any
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -14,6 +13,7 @@ from textual.widgets import DataTable, Static
 from engine import ops
 
 from .. import fmt
+from ..safe import assemble, cell, content
 from ..styles import DEAD_STYLE, PAUSED_MARK, PAUSED_STYLE
 from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
@@ -113,11 +113,11 @@ class OverviewScreen(ConsoleScreen):
         if not stats:
             note = "No signals in this store yet. Boot an app on it (or run `okconsole demo`) and they appear here."
         elif not wanted:
-            note = f"No signal matches the filter {self.filter_text!r} (esc clears it)."
+            note = "No signal matches the filter $filter (esc clears it)."
         else:
             note = ""
         empty = self.query_one("#empty", Static)
-        empty.update(note)
+        empty.update(content(note, filter=repr(self.filter_text)))
         empty.display = bool(note)
         self.show_about()
 
@@ -137,16 +137,17 @@ class OverviewScreen(ConsoleScreen):
         row = self.rows.get(self.selected_signal() or "")
         text = ""
         if row is not None:
-            text = f"[b]{escape(row.signal)}[/] — {escape(row.description or row.signal)}"
+            text = "[b]$signal[/] — $description"
             if row.paused:
                 text += f"  [{PAUSED_STYLE}]{PAUSED_MARK}: no worker takes its messages (u resumes)[/]"
             if split_once(row):
-                text += (
-                    f"  [b yellow]⚠ {len(row.flows)} flows split its messages: "
-                    f"{escape(', '.join(row.flows))}[/] (OKE1071)"
-                )
+                text += f"  [b yellow]⚠ {len(row.flows)} flows split its messages: $flows[/] (OKE1071)"
         about = self.query_one("#about", Static)
-        about.update(text)
+        about.update(
+            content(text, signal=row.signal, description=row.description or row.signal, flows=", ".join(row.flows))
+            if row is not None
+            else ""
+        )
         about.display = bool(text)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -213,7 +214,8 @@ class OverviewScreen(ConsoleScreen):
             if reason:
                 self.run_write(verb, call, name, reason=reason)
 
-        self.app.push_screen(ConfirmScreen(f"{verb.capitalize()} {name}? {effect}", verb.capitalize()), confirmed)
+        question = content(f"{verb.capitalize()} $name? {effect}", name=name)
+        self.app.push_screen(ConfirmScreen(question, verb.capitalize()), confirmed)
 
     def action_back(self) -> None:
         field = self.query_one("#filter")
@@ -226,18 +228,19 @@ def split_once(row: Any) -> bool:
     return row.kind == "once" and len(row.flows) > 1
 
 
-def row_cells(row: Any, rates: tuple[float, float], spark: list[float], retained: int) -> list[str]:
+def row_cells(row: Any, rates: tuple[float, float], spark: list[float], retained: int) -> list[Any]:
     """One overview row: a live tape shows what it keeps, a queue its counts by status, its lag
     and its delivered/s beside its dead/s."""
     rate, dead_rate = rates
     if row.kind == "live":
         cells = [row.signal, "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", "—"]
-        return [*cells, fmt.sparkline(spark)]
-    dead = f"[{DEAD_STYLE}]{row.dead}[/]" if row.dead else "0"
+        return [cell(c) for c in (*cells, fmt.sparkline(spark))]
+    dead = cell(str(row.dead), DEAD_STYLE) if row.dead else cell("0")
     lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
-    kind = f"{row.kind} [b yellow]⚠[/]" if split_once(row) else row.kind
+    kind = assemble(row.kind, *((" ", ("⚠", "b yellow")) if split_once(row) else ()))
     if row.paused:
-        kind += f" [{PAUSED_STYLE}]{PAUSED_MARK}[/]"
-    counts = [str(row.pending), str(row.inflight), str(row.delivered), dead]
-    dead_cell = f"[{DEAD_STYLE}]{dead_rate:.1f}[/]" if dead_rate else "0.0"
-    return [row.signal, kind, *counts, lag, f"{rate:.1f}", dead_cell, fmt.sparkline(spark)]
+        kind.append(" ")
+        kind.append(PAUSED_MARK, PAUSED_STYLE)
+    counts = [cell(str(row.pending)), cell(str(row.inflight)), cell(str(row.delivered)), dead]
+    dead_cell = cell(f"{dead_rate:.1f}", DEAD_STYLE) if dead_rate else cell("0.0")
+    return [cell(row.signal), kind, *counts, cell(lag), cell(f"{rate:.1f}"), dead_cell, cell(fmt.sparkline(spark))]

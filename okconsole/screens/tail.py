@@ -4,7 +4,6 @@ sticky bottom, pause, an 'N new' badge, wrap and timestamp toggles, save to a fi
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,11 @@ from textual.widgets import RichLog, Static
 
 from engine import ops
 from engine.client import Client, ClientError, LiveResumeGap
+from engine.display import cut, inert, json_text, more_note
 
 from .. import fmt
 from ..data import StoreDown
+from ..safe import content
 from .base import ConsoleScreen, text_filter
 from .modals import PromptScreen
 
@@ -35,7 +36,9 @@ class TailLine:
     at_ms: int  # when the event was appended (from the store) or received (over SSE)
 
     def text(self, stamps: bool) -> str:
-        line = f"{self.id}  {json.dumps(self.data, ensure_ascii=False)}"
+        """The line as shown (and saved): inert, an event's JSON cut at 64 KiB with a note."""
+        data, left_out = cut(json_text(self.data))
+        line = inert(f"{self.id}  {data}") + (f" {more_note(left_out)}" if left_out else "")
         return f"{fmt.clock(self.at_ms)}  {line}" if stamps else line
 
 
@@ -90,9 +93,15 @@ class TailScreen(ConsoleScreen):
     def update_title(self) -> None:
         source = f"SSE {self.url}" if self.url else "store"
         state = "following" if self.following else "[b yellow]paused[/]"
-        shown = f" · showing {len(self.shown_lines())} matching {self.filter_text!r}" if self.filter_text else ""
+        shown = f" · showing {len(self.shown_lines())} matching $filter" if self.filter_text else ""
         self.query_one("#title", Static).update(
-            f"[b]{self.signal}[/b] · {source} · {state} · {self.received} events{shown} · cursor {self.cursor or '—'}"
+            content(
+                f"[b]$signal[/b] · $source · {state} · {self.received} events{shown} · cursor $cursor",
+                signal=self.signal,
+                source=source,
+                filter=repr(self.filter_text),
+                cursor=self.cursor or "—",
+            )
         )
 
     def matches(self, line: TailLine) -> bool:
@@ -108,9 +117,10 @@ class TailScreen(ConsoleScreen):
         self.redraw()
         self.update_title()
 
-    def notice(self, text: str) -> None:
+    def notice(self, text: str, **values: Any) -> None:
+        """`text` is the console's markup; stored values (names, cursors, errors) go in `values`."""
         widget = self.query_one("#notice", Static)
-        widget.update(text)
+        widget.update(content(text, **values))
         widget.set_class(bool(text), "shown")
 
     def append(self, event_id: str, data: Any, at_ms: int | None = None) -> None:
@@ -211,7 +221,9 @@ class TailScreen(ConsoleScreen):
                 if first:
                     info = await data.call(ops.tape_info, self.signal)
                     if info is None:
-                        self.notice(f"[b]no live tape {self.signal!r}[/b] in this store (esc goes back)")
+                        self.notice(
+                            "[b]no live tape $signal[/b] in this store (esc goes back)", signal=repr(self.signal)
+                        )
                         return
                     for entry in await data.call(ops.tape_last, self.signal, BACKLOG):
                         self.append(entry.id, entry.data, entry.created_at)
@@ -221,10 +233,13 @@ class TailScreen(ConsoleScreen):
                     self.notice("")
                 entries, gap = await data.call(ops.tape_after, self.signal, self.cursor)
                 if gap is not None:
+                    missed = f", {gap.missed} missed" if gap.missed else ""
                     self.notice(
-                        f"[b]gap:[/b] cursor {self.cursor} cannot be resumed ({gap.reason}"
-                        f"{f', {gap.missed} missed' if gap.missed else ''}) — restarting from the "
-                        f"oldest retained event {gap.first_id or '(tape empty)'}"
+                        f"[b]gap:[/b] cursor $cursor cannot be resumed ($reason{missed})"
+                        " — restarting from the oldest retained event $first",
+                        cursor=self.cursor,
+                        reason=gap.reason,
+                        first=gap.first_id or "(tape empty)",
                     )
                     self.cursor = None
                     continue
@@ -237,7 +252,11 @@ class TailScreen(ConsoleScreen):
                     continue
             except StoreDown as down:
                 self.store_down = True
-                self.notice(f"[b]store unreachable:[/b] {down} — will resume after {self.cursor or 'the start'}")
+                self.notice(
+                    "[b]store unreachable:[/b] $down — will resume after $cursor",
+                    down=down,
+                    cursor=self.cursor or "the start",
+                )
             await asyncio.sleep(STORE_POLL_S)
 
     async def follow_sse(self) -> None:
@@ -251,16 +270,23 @@ class TailScreen(ConsoleScreen):
                     self.append(event.id, event.data)
             except LiveResumeGap as gap:
                 self.notice(
-                    f"[b]gap:[/b] {gap.after_id} cannot be resumed ({gap.reason}) — restarting from "
-                    f"the oldest retained event {gap.first_id or '(tape empty)'}"
+                    "[b]gap:[/b] $after cannot be resumed ($reason) — restarting from the oldest retained event $first",
+                    after=gap.after_id,
+                    reason=gap.reason,
+                    first=gap.first_id or "(tape empty)",
                 )
                 self.cursor, tail = None, None
             except (ClientError, ValueError) as err:
                 if isinstance(err, ValueError) or err.status == 404:  # no such exposure: retrying cannot help
-                    self.notice(f"[b]no live tape {self.signal!r}[/b] at {self.url}: {err} (esc goes back)")
+                    self.notice(
+                        "[b]no live tape $signal[/b] at $url: $err (esc goes back)",
+                        signal=repr(self.signal),
+                        url=self.url,
+                        err=err,
+                    )
                     return
-                self.notice(f"[b]stream error:[/b] {err} — retrying")
+                self.notice("[b]stream error:[/b] $err — retrying", err=err)
                 await asyncio.sleep(2)
             except Exception as err:  # server away, auth refused: say so and retry
-                self.notice(f"[b]stream error:[/b] {err} — retrying")
+                self.notice("[b]stream error:[/b] $err — retrying", err=err)
                 await asyncio.sleep(2)

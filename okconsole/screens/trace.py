@@ -10,6 +10,7 @@ from textual.widgets import Static, Tree
 
 from engine import ops
 
+from ..safe import content
 from .base import ConsoleScreen, text_filter
 from .trace_tree import fill_tree
 
@@ -39,16 +40,22 @@ class TraceScreen(ConsoleScreen):
         try:
             root = await self.console.data.call(ops.trace, self.run_id)
         except LookupError as err:
-            self.query_one("#title", Static).update(f"[b red]{err}[/]")
+            self.query_one("#title", Static).update(content("[b red]$err[/]", err=err))
             return
         if root == self.rendered and self.filter_text == self.rendered_filter:
             return
         self.rendered, self.rendered_filter = root, self.filter_text
         count = _count(root)
-        filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
+        filt = " · filter $filter" if self.filter_text else ""
         self.query_one("#title", Static).update(
-            f"run [b]{self.run_id}[/b] · root {root.run_id} ({root.flow or '?'}) · {count} runs{filt} · "
-            "enter opens a message, m the message a run handled"
+            content(
+                f"run [b]$run[/b] · root $root ($flow) · {count} runs{filt} · "
+                "enter opens a message, m the message a run handled",
+                run=self.run_id,
+                root=root.run_id,
+                flow=root.flow or "?",
+                filter=repr(self.filter_text),
+            )
         )
         keep = text_filter(self.filter_text) if self.filter_text else None
         fill_tree(self.query_one("#trace", Tree), [root], keep=keep)

@@ -6,29 +6,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 from textual.widgets import Tree
 
+from engine.display import one_line
+
 from .. import fmt
-from ..styles import status_markup
+from ..safe import assemble
+from ..styles import STATUS_STYLE
 
 Keep = Callable[[str], bool]
 
 
-def run_label(node: Any) -> str:
+def run_label(node: Any) -> Text:
     took = (node.ended_at - node.started_at) if node.ended_at and node.started_at else None
     attempt = f" · attempt {node.attempt}" if node.attempt else ""
-    error = f" [red]{escape(node.error)}[/]" if node.error else ""
-    return (
-        f"[b]{escape(node.flow or '?')}[/b] {node.run_id} {status_markup(node.status)}"
-        f" · {fmt.span(took) if took is not None else '—'}{attempt}{error}"
+    error = (" ", (one_line(fmt.short(node.error, 200)), "red")) if node.error else ()
+    return assemble(
+        (node.flow or "?", "b"),
+        f" {node.run_id} ",
+        (node.status, STATUS_STYLE.get(node.status)),
+        f" · {fmt.span(took) if took is not None else '—'}{attempt}",
+        *error,
     )
 
 
-def message_label(msg: Any, highlight: str | None) -> str:
-    mark, end = ("[reverse]", "[/reverse]") if msg.id == highlight else ("", "")
-    return f"{mark}✉ {escape(msg.signal)} {msg.id} · {msg.status}{end}"
+def message_label(msg: Any, highlight: str | None) -> Text:
+    label = assemble("✉ ", msg.signal, f" {msg.id} · ", msg.status)
+    if msg.id == highlight:
+        label.stylize("reverse")
+    return label
 
 
 def fill_tree(tree: Tree[Any], roots: list[Any], highlight: str | None = None, keep: Keep | None = None) -> None:
@@ -42,8 +49,8 @@ def fill_tree(tree: Tree[Any], roots: list[Any], highlight: str | None = None, k
     tree.root.expand_all()
 
 
-def _shows(label: str, keep: Keep) -> bool:
-    return keep(Text.from_markup(label).plain)
+def _shows(label: Text, keep: Keep) -> bool:
+    return keep(label.plain)
 
 
 def _matches(node: Any, keep: Keep) -> bool:

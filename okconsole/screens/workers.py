@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -13,6 +12,7 @@ from textual.widgets import DataTable, Static
 from engine import ops
 
 from .. import fmt
+from ..safe import cell
 from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 
@@ -24,20 +24,20 @@ STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknow
 
 def worker_cells(w: ops.WorkerInfo) -> list[Any]:
     """One worker's row, as a person reads it: orphaned leases in red with a ⚠."""
-    orphaned = Text(f"⚠ {w.orphaned} orphaned", style="bold red") if w.orphaned else Text("0")
+    orphaned = cell(f"⚠ {w.orphaned} orphaned", "bold red") if w.orphaned else cell("0")
     seen = "never recorded" if w.seen_ago_ms is None else f"{fmt.span(w.seen_ago_ms)} ago"
     return [
-        w.worker_id,
-        Text(w.state, style=STATE_STYLE.get(w.state, "")),
-        str(w.leases),
+        cell(w.worker_id),
+        cell(w.state, STATE_STYLE.get(w.state)),
+        cell(str(w.leases)),
         orphaned,
-        seen,
-        str(w.held),
-        "—" if w.concurrency is None else str(w.concurrency),
-        w.app or "—",
-        w.host or "—",
-        "—" if w.pid is None else str(w.pid),
-        fmt.clock(w.started_at),
+        cell(seen),
+        cell(str(w.held)),
+        cell("—" if w.concurrency is None else str(w.concurrency)),
+        cell(w.app or "—"),
+        cell(w.host or "—"),
+        cell("—" if w.pid is None else str(w.pid)),
+        cell(fmt.clock(w.started_at)),
     ]
 
 
@@ -61,7 +61,7 @@ class WorkersScreen(ConsoleScreen):
         rows = []
         for w in found:
             cells = worker_cells(w)
-            if keep is None or keep(" ".join(str(c) for c in cells)):
+            if keep is None or keep(" ".join(c.plain for c in cells)):
                 rows.append((w.worker_id, cells))
         sync_rows(self.query_one("#workers", DataTable), rows, COLUMNS)
         self.query_one("#workers-summary", Static).update(summary(found))
