@@ -26,18 +26,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from engine.display import inert
-
 KEEP, CROP, WRAP = "keep", "crop", "wrap"
 GAP = 2  # box=None, padding (0, 1), pad_edge=False: two spaces between columns
 MIN_FLEX = 6  # a cropped column keeps at least this much ("Last …")
-
-
-def safe(value: object, *, multiline: bool = False) -> str:
-    """Stored text as a markup cell that shows it literally: made inert (control characters
-    visibly escaped, engine.display), then escaped for Rich's markup parser. Every stored value a
-    CLI table or line shows goes through here."""
-    return escape(inert(value, multiline=multiline))
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from rich.console import Console
 
 from engine.ops import DoctorCheck, WorkerInfo
 
-from .cli_tables import KEEP, WRAP, Column, Grid, render, safe
+from .cli_tables import KEEP, WRAP, Column, Grid, render
 from .output import duration, when
+from .safe import rich_markup
 
 # what tells stuck from slow first; a narrow terminal drops App, Started and Pid
 WORKER_COLUMNS = (
@@ -35,21 +36,21 @@ def orphaned_cell(n: int) -> str:
 
 def render_workers(out: Console, rows: list[WorkerInfo], db: str) -> None:
     if not rows:
-        out.print(f"No worker seen in the last hour in {safe(db)}.")
+        out.print(f"No worker seen in the last hour in {rich_markup(db)}.")
         return
     table = Grid([Column(n, KEEP, n in NUMERIC) for n in WORKER_COLUMNS], drop=("App", "Started", "Pid"))
     for w in rows:
         seen = "never recorded" if w.seen_ago_ms is None else f"{duration(w.seen_ago_ms)} ago"
         table.add(
-            safe(w.worker_id),
+            rich_markup(w.worker_id),
             f"[{STATE_STYLE.get(w.state, '')}]{w.state}[/]",
             str(w.leases),
             orphaned_cell(w.orphaned),
             seen,
             str(w.held),
             "-" if w.concurrency is None else str(w.concurrency),
-            safe(w.app or "-"),
-            safe(w.host or "-"),
+            rich_markup(w.app or "-"),
+            rich_markup(w.host or "-"),
             "-" if w.pid is None else str(w.pid),
             when(w.started_at),
         )
@@ -59,5 +60,5 @@ def render_workers(out: Console, rows: list[WorkerInfo], db: str) -> None:
 def render_doctor(out: Console, checks: list[DoctorCheck]) -> None:
     table = Grid([Column("Check"), Column("Status"), Column("Detail", WRAP)])
     for c in checks:
-        table.add(safe(c.check), f"[{STATUS_STYLE.get(c.status, '')}]{c.status}[/]", safe(c.detail))
+        table.add(rich_markup(c.check), f"[{STATUS_STYLE.get(c.status, '')}]{c.status}[/]", rich_markup(c.detail))
     render(out, table)

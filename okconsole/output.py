@@ -34,7 +34,8 @@ from engine.ops import (
 )
 
 from . import fmt
-from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render, safe
+from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
+from .safe import rich_markup
 from .styles import DEAD_STYLE, PAUSED_STYLE, status_markup
 
 ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
@@ -71,7 +72,7 @@ def readable(text: str, full: bool = False) -> str:
     """A stored multi-line value as markup a person reads: inert, and unless `full` cut at 64 KiB
     with a note saying how much more there is (a 10 MB payload must not flood the terminal)."""
     head, more = (text, 0) if full else cut(text)
-    shown = safe(head, multiline=True)
+    shown = rich_markup(head, multiline=True)
     return shown if not more else f"{shown}\n[dim]{more_note(more)}[/]"
 
 
@@ -80,7 +81,7 @@ def duration(ms: int | None) -> str:
 
 
 def cell(value: Any) -> str:
-    return "-" if value is None else safe(value)
+    return "-" if value is None else rich_markup(value)
 
 
 NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
@@ -102,7 +103,7 @@ def _grid(
 # -- one renderer per command -------------------------------------------------------------------
 def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     if not rows:
-        out.print(f"No signals recorded in {safe(db)} yet.")
+        out.print(f"No signals recorded in {rich_markup(db)} yet.")
         return
     table = _grid(
         "Signal",
@@ -119,8 +120,8 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
     )
     for r in rows:
         table.add(
-            safe(r.signal),
-            safe(r.kind),
+            rich_markup(r.signal),
+            rich_markup(r.kind),
             str(r.pending),
             str(r.inflight),
             str(r.delivered),
@@ -136,9 +137,9 @@ def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:
     """The minutes in which something happened (quiet minutes are zeros in --json)."""
     busy = [r for r in rows if r.emitted or r.delivered or r.failed or r.dead or r.pruned]
     if not busy:
-        out.print(f"No history of {safe(signal)} in that window.")
+        out.print(f"No history of {rich_markup(signal)} in that window.")
         return
-    table = _grid("At", "Emitted", "Delivered", "Failed", "Dead", "Pruned", title=f"History of {safe(signal)}")
+    table = _grid("At", "Emitted", "Delivered", "Failed", "Dead", "Pruned", title=f"History of {rich_markup(signal)}")
     for r in busy:
         dead = f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0"
         table.add(when(r.at), str(r.emitted), str(r.delivered), str(r.failed), dead, str(r.pruned))
@@ -149,17 +150,23 @@ def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:
 
 def render_bindings(out: Console, rows: list[Any], db: str) -> None:
     if not rows:
-        out.print(f"No bindings recorded in {safe(db)} yet.")
+        out.print(f"No bindings recorded in {rich_markup(db)} yet.")
         return
     table = _grid("Signal", "Kind", "Flow", "Last seen", "Active", drop=("Kind",))
     for r in rows:
-        table.add(safe(r.signal), safe(r.kind), safe(r.flow), when(r.last_seen), "yes" if r.active else "[dim]no[/]")
+        table.add(
+            rich_markup(r.signal),
+            rich_markup(r.kind),
+            rich_markup(r.flow),
+            when(r.last_seen),
+            "yes" if r.active else "[dim]no[/]",
+        )
     render(out, table)
 
 
 def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
     if not rows:
-        out.print(f"No messages in {safe(signal)} match.")
+        out.print(f"No messages in {rich_markup(signal)} match.")
         return
     table = _grid(
         "ID",
@@ -173,12 +180,12 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
         "Parent run",
         crop=("Locked by",),
         drop=("Parent run", "Lease expires", "Locked by", "Attempts", "Created", "Due at"),
-        title=f"{safe(signal)}: {len(rows)} newest",
+        title=f"{rich_markup(signal)}: {len(rows)} newest",
     )
     now = fmt.now_ms()
     for r in rows:
         table.add(
-            safe(r.id),
+            rich_markup(r.id),
             status_markup(r.status),
             cell(r.key),
             str(r.attempts),
@@ -193,7 +200,7 @@ def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
 
 def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
     if not rows:
-        out.print(f"No dead letters in {safe(signal)}.")
+        out.print(f"No dead letters in {rich_markup(signal)}.")
         return
     table = _grid(
         "ID",
@@ -204,16 +211,16 @@ def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
         "Created",
         crop=("Last failure",),
         drop=("Created", "Attempts", "Died"),
-        title=f"{safe(signal)}: {len(rows)} dead letters",
+        title=f"{rich_markup(signal)}: {len(rows)} dead letters",
     )
     for r in rows:
         last = next((x for x in reversed(r.failures) if x.code != "replayed"), None)
         reason = f"{last.code}: {last.message}" if last else "-"
         table.add(
-            safe(r.id),
+            rich_markup(r.id),
             cell(r.key),
             str(r.attempts),
-            safe(one_line(reason)),
+            rich_markup(one_line(reason)),
             when(last.at if last else None),
             when(r.created_at),
         )
@@ -222,11 +229,13 @@ def render_dlq(out: Console, signal: str, rows: list[DeadLetter]) -> None:
 
 def render_failures(out: Console, signal: str, rows: list[FailureGroup]) -> None:
     if not rows:
-        out.print(f"No dead or failing messages in {safe(signal)}.")
+        out.print(f"No dead or failing messages in {rich_markup(signal)}.")
         return
-    table = _grid("Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{safe(signal)}: failures by cause")
+    table = _grid(
+        "Code", "Message", "Count", "Last at", wrap=("Message",), title=f"{rich_markup(signal)}: failures by cause"
+    )
     for r in rows:
-        table.add(safe(r.code), safe(r.message), str(r.count), when(r.last_at))
+        table.add(rich_markup(r.code), rich_markup(r.message), str(r.count), when(r.last_at))
     render(out, table)
 
 
@@ -251,29 +260,29 @@ def render_audit(out: Console, rows: list[AuditEntry]) -> None:
         ids = ", ".join(r.ids[:3]) + (f" … (+{len(r.ids) - 3})" if len(r.ids) > 3 else "")
         table.add(
             when(r.at),
-            safe(r.actor),
+            rich_markup(r.actor),
             cell(r.source),
-            safe(r.action),
+            rich_markup(r.action),
             cell(r.signal),
             str(r.count),
-            safe(one_line(r.reason)) if r.reason is not None else "-",
-            safe(ids),
+            rich_markup(one_line(r.reason)) if r.reason is not None else "-",
+            rich_markup(ids),
         )
     render(out, table)
 
 
 def _run_label(node: RunNode, mark: str | None = None) -> str:
-    flow = safe(node.flow) if node.flow else "[dim](not recorded)[/]"
+    flow = rich_markup(node.flow) if node.flow else "[dim](not recorded)[/]"
     took = (
         f" {duration(node.ended_at - node.started_at)}"
         if node.started_at is not None and node.ended_at is not None
         else ""
     )
-    label = f"[bold]{flow}[/] {safe(node.run_id)} {status_markup(node.status)}{took}"
+    label = f"[bold]{flow}[/] {rich_markup(node.run_id)} {status_markup(node.status)}{took}"
     if node.attempt is not None and node.message_id is not None:
-        label += f" [dim]attempt {node.attempt} of {safe(node.message_id)}[/]"
+        label += f" [dim]attempt {node.attempt} of {rich_markup(node.message_id)}[/]"
     if node.error:
-        label += f" [red]{safe(node.error)}[/]"
+        label += f" [red]{rich_markup(node.error)}[/]"
     if mark and node.run_id == mark:
         label += " [reverse] ← [/]"
     return label
@@ -285,8 +294,10 @@ def _grow(tree: Tree, node: RunNode, mark: str | None) -> None:
         parent, current = stack.pop()
         branch = parent.add(_run_label(current, mark))
         for msg in current.messages:
-            key = f" key={safe(msg.key)}" if msg.key is not None else ""
-            branch.add(f"[dim]emitted[/] {safe(msg.signal)} {safe(msg.id)}{key} {status_markup(msg.status)}")
+            key = f" key={rich_markup(msg.key)}" if msg.key is not None else ""
+            branch.add(
+                f"[dim]emitted[/] {rich_markup(msg.signal)} {rich_markup(msg.id)}{key} {status_markup(msg.status)}"
+            )
         if current.emitted > len(current.messages):
             branch.add(f"[dim]… {current.emitted - len(current.messages)} more emitted[/]")
         for child in reversed(current.children):
@@ -301,9 +312,9 @@ def render_trace(out: Console, root: RunNode, asked: str | None = None) -> None:
 
 
 def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
-    head = _grid("Field", "Value", wrap=("Value",), title=f"message {safe(d.id)}")
+    head = _grid("Field", "Value", wrap=("Value",), title=f"message {rich_markup(d.id)}")
     rows = [
-        ("signal", safe(d.signal)),
+        ("signal", rich_markup(d.signal)),
         ("flow", cell(d.flow)),
         ("key", cell(d.key)),
         ("status", status_markup(d.status)),
@@ -330,7 +341,8 @@ def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
         rows.append(
             (
                 "blocked by",
-                f"{safe(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), the head of key {safe(str(d.key))}",
+                f"{rich_markup(b.id)} ({status_markup(b.status)}, {b.attempts} attempts), "
+                f"the head of key {rich_markup(d.key)}",
             )
         )
     for name, value in rows:
@@ -344,7 +356,7 @@ def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
         table = _grid("At", "Attempt", "Code", "Message", wrap=("Message",), title="failures, newest first")
         for x in reversed(d.failures):
             style = "dim" if x.code == "replayed" else ""
-            table.add(when(x.at), str(x.attempt), safe(x.code), readable(x.message, full), style=style)
+            table.add(when(x.at), str(x.attempt), rich_markup(x.code), readable(x.message, full), style=style)
         render(out, table)
     else:
         out.print("[dim]no failures[/]")
@@ -357,20 +369,24 @@ def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
 
 def render_replay(out: Console, signal: str, result: Replayed | ReplayPreview) -> None:
     if isinstance(result, ReplayPreview):
-        out.print(f"Would replay {result.would_replay} dead letter(s) of {safe(signal)} (dry run: nothing changed).")
+        out.print(
+            f"Would replay {result.would_replay} dead letter(s) of {rich_markup(signal)} (dry run: nothing changed)."
+        )
         if result.ids:
             more = " …" if result.would_replay > len(result.ids) else ""
-            out.print("  " + safe(", ".join(result.ids)) + more)
+            out.print("  " + rich_markup(", ".join(result.ids)) + more)
         return
-    out.print(f"Replayed {result.replayed} dead letter(s) of {safe(signal)}.")
+    out.print(f"Replayed {result.replayed} dead letter(s) of {rich_markup(signal)}.")
     for msg_id in result.ids[:20]:
-        out.print(f"  {safe(msg_id)}")
+        out.print(f"  {rich_markup(msg_id)}")
     if len(result.ids) > 20:
         out.print(f"  … and {len(result.ids) - 20} more")
 
 
 def render_purge(out: Console, signal: str, state: str, result: Purged | PurgePreview) -> None:
     if isinstance(result, PurgePreview):
-        out.print(f"Would purge {result.would_purge} {state} message(s) of {safe(signal)} (dry run: nothing changed).")
+        out.print(
+            f"Would purge {result.would_purge} {state} message(s) of {rich_markup(signal)} (dry run: nothing changed)."
+        )
         return
-    out.print(f"Purged {result.purged} {state} message(s) of {safe(signal)}.")
+    out.print(f"Purged {result.purged} {state} message(s) of {rich_markup(signal)}.")

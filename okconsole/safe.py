@@ -11,6 +11,7 @@ reaches a widget only through here, as a plain text object:
 - `content(template, **values)`: the console's own markup with stored values as `$name`
   variables, inserted literally (Static and Label updates, dialog questions);
 - `escape(value)`: for the one API that takes only a markup string (the command palette's help);
+- `rich_markup(value)`: the same for the CLI's Rich tables and lines (Rich's markup parser);
 - `pane(...)` / `json_pane(...)`: a multi-line value cut at 64 KiB with how much more there is.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from string import Template
 from typing import Any
 
+from rich.markup import escape as rich_escape
 from rich.text import Text
 from textual.content import Content
 
@@ -56,6 +58,12 @@ def escape(value: Any) -> str:
     (`textual.markup.escape` leaves `[$accent]`, `[B]` and `[ bold]` to the parser.) Textual's
     markup has no escape for a backslash, so a tag must not follow the result directly."""
     return inert(value).replace("[", "\\[")
+
+
+def rich_markup(value: Any, *, multiline: bool = False) -> str:
+    """Stored text for a string Rich will parse as its markup (the CLI's tables and lines): inert
+    (a newline and a tab kept only when `multiline`), then escaped for Rich's parser."""
+    return rich_escape(inert(value, multiline=multiline))
 
 
 def pane(value: Any) -> Text:

@@ -14,7 +14,7 @@ import typer
 from engine import ops
 
 from .. import output
-from ..cli_tables import safe
+from ..safe import rich_markup
 from .common import (
     ACTOR_OPTION,
     DB_OPTION,
@@ -87,7 +87,7 @@ def unbind(
 
 def _render_unbound(out: Any, result: ops.Unbound) -> None:
     out.print(
-        f'Unbound flow "{safe(result.flow)}" from {safe(result.signal)}: '
+        f'Unbound flow "{rich_markup(result.flow)}" from {rich_markup(result.signal)}: '
         f"{result.dead} pending cop{'y' if result.dead == 1 else 'ies'} ended dead (code Unbound)."
     )
     for msg_id in result.ids[:20]:
@@ -95,7 +95,7 @@ def _render_unbound(out: Any, result: ops.Unbound) -> None:
     if len(result.ids) > 20:
         out.print(f"  … and {len(result.ids) - 20} more")
     if result.ids:
-        out.print(f"Replay them with: okconsole replay {safe(result.signal)} ID… (or --all --code Unbound)")
+        out.print(f"Replay them with: okconsole replay {rich_markup(result.signal)} ID… (or --all --code Unbound)")
 
 
 COMMANDS = (bindings, unbind)

@@ -17,7 +17,7 @@ import typer
 from engine import ops
 
 from .. import output
-from ..cli_tables import safe
+from ..safe import rich_markup
 from .common import (
     ACTOR_OPTION,
     DB_OPTION,
@@ -68,13 +68,13 @@ def _report(result: Any, as_json: bool, lines: Callable[[], list[str]]) -> None:
 
 def _done_lines(verb: str, noun: str, signal: str, ids: list[str], skipped: list[ops.Skipped]) -> list[str]:
     """ "<Verb> N <noun>(s) of SIGNAL." with the ids, then every skipped id with its status."""
-    lines = [f"{verb} {len(ids)} {noun}(s) of {safe(signal)}."]
-    lines += [f"  {safe(msg_id)}" for msg_id in ids[:SHOWN]]
+    lines = [f"{verb} {len(ids)} {noun}(s) of {rich_markup(signal)}."]
+    lines += [f"  {rich_markup(msg_id)}" for msg_id in ids[:SHOWN]]
     if len(ids) > SHOWN:
         lines.append(f"  … and {len(ids) - SHOWN} more")
     for s in skipped:
         hint = RETRY_HINT.get(s.status) if verb == "Retried" else None
-        lines.append(f"Skipped {safe(s.id)}: it is {safe(s.status)}" + (f" ({hint})" if hint else ""))
+        lines.append(f"Skipped {rich_markup(s.id)}: it is {rich_markup(s.status)}" + (f" ({hint})" if hint else ""))
     return lines
 
 
@@ -115,7 +115,7 @@ def resume(
 
 
 def _pause_line(result: ops.PauseState) -> str:
-    name = safe(result.signal)
+    name = rich_markup(result.signal)
     if result.paused:
         return f"Paused {name}: its messages wait until resumed." if result.changed else f"{name} was paused already."
     return f"Resumed {name}." if result.changed else f"{name} was not paused."
@@ -174,10 +174,10 @@ def _cancel_question(state: State, signal: str, preview: Callable[[ops.Store], A
 
 
 def _preview_lines(signal: str, preview: ops.CancelPreview) -> list[str]:
-    lines = [f"Would cancel {preview.would_cancel} message(s) of {safe(signal)} (dry run: nothing changed)."]
+    lines = [f"Would cancel {preview.would_cancel} message(s) of {rich_markup(signal)} (dry run: nothing changed)."]
     if preview.ids:
         more = " …" if preview.would_cancel > len(preview.ids) else ""
-        lines.append("  " + safe(", ".join(preview.ids)) + more)
+        lines.append("  " + rich_markup(", ".join(preview.ids)) + more)
     lines += [f"Would skip {s.id}: it is {s.status}" for s in preview.skipped]
     return lines
 
