@@ -94,3 +94,32 @@ async def test_cli_writes_have_no_source_and_the_table_shows_the_column(sqlite_u
     table = run_okconsole("--db", sqlite_url, "audit").stdout.splitlines()
     assert table[0].split()[:3] == ["At", "Actor", "Source"]
     assert table[1].split()[3:5] == ["-", "pause"]  # after the date, time and actor: no source
+
+
+async def test_the_tui_audit_log_shows_where_each_write_came_from(sqlite_url):
+    from consolekit import SIZE
+    from screenkit import screen_text
+
+    from okconsole.app import ConsoleApp
+
+    email = signal.once("t.email", optional=True)
+    async with oke("shop", database_url=sqlite_url):
+        pass
+    store = await ops.open_store(sqlite_url)
+    try:
+        await ops.pause(store, email.name, actor="ann", reason="from the browser", source=SOURCE)
+        await ops.resume(store, email.name, actor="bob", reason="from the CLI")
+    finally:
+        await store.close()
+    app = ConsoleApp(database_url=sqlite_url)
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_audit()
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if SOURCE in screen_text(app):
+                break
+        screen = screen_text(app)
+    assert "Source" in screen
+    paused = next(line for line in screen.splitlines() if "pause " in line and "ann" in line)
+    resumed = next(line for line in screen.splitlines() if "resume" in line and "bob" in line)
+    assert SOURCE in paused and SOURCE not in resumed and "—" in resumed

@@ -16,7 +16,7 @@ from ..safe import cell
 from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 
-COLUMNS = ("at", "actor", "action", "signal", "count", "ids", "reason")
+COLUMNS = ("at", "actor", "action", "signal", "count", "ids", "reason", "source")
 SHOWN_IDS = 2
 
 
@@ -49,11 +49,13 @@ class AuditScreen(ConsoleScreen):
         rows = []
         self.ids = {}
         for i, e in enumerate(entries):
-            cells = [fmt.clock(e.at), e.actor, e.action, e.signal or "—", str(e.count), ids_cell(e.ids), e.reason or ""]
-            if keep is None or keep(" ".join(cells[:5] + e.ids + cells[6:])):
+            source = e.source or "—"  # where a browser write came from (okconsole web); none from the CLI
+            cells = [fmt.clock(e.at), e.actor, e.action, e.signal or "—", str(e.count), ids_cell(e.ids)]
+            reason = e.reason or ""
+            if keep is None or keep(" ".join([*cells[:5], *e.ids, reason, source])):
                 key = f"{e.at}:{i}"
                 self.ids[key] = e.ids
-                rows.append((key, [*map(cell, cells[:6]), cell(one_line(cells[6]))]))  # a reason may span lines
+                rows.append((key, [*map(cell, cells), cell(one_line(reason)), cell(source)]))  # a reason may span lines
         sync_rows(self.query_one("#audit", DataTable), rows, COLUMNS)
 
     def _selected_ids(self) -> list[str]:
