@@ -25,7 +25,7 @@ import httpx
 import pytest
 from consolekit import run_okconsole, wait_port
 from livekit import data_of, free_port, read_frames, serving
-from pgbouncerkit import KNOB, Pooled
+from pgbouncerkit import KNOB, PgBouncer, Pooled
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -218,6 +218,36 @@ def test_the_console_and_serve_say_the_same_in_one_line(pgbouncer_transaction, p
         last = done.stderr.strip().splitlines()[-1]
         assert "PgBouncer" in last and "prepared_statement_cache_size=0" in last, done.stderr
         assert "Traceback" not in done.stderr and "cannot reach" not in done.stderr
+
+
+@pytest.fixture
+def own_pgbouncer(pgbouncer_transaction, pg_cluster):
+    """A transaction-mode PgBouncer for one test: PgBouncer 1.18 exits ("bad client state") when a
+    cancel request races its client's close, which a console torn down mid-connect can send."""
+    with PgBouncer(pg_cluster, pool_mode="transaction") as bouncer:
+        yield bouncer
+
+
+async def test_the_tui_says_why_in_its_status_line(own_pgbouncer, pg_url):
+    """The console's screen does not sit at "connecting…": its status line names PgBouncer, and keeps trying."""
+    from okconsole.app import ConsoleApp
+
+    url = own_pgbouncer.sqlalchemy_url(_database(pg_url))
+    console = ConsoleApp(url, refresh_s=0.2)
+
+    def status() -> str:
+        try:
+            return str(console.screen.query_one("#status").render())
+        except Exception:
+            return ""
+
+    async with console.run_test(size=(200, 40)) as pilot:
+        deadline = time.monotonic() + 20
+        while "PgBouncer" not in status():
+            assert time.monotonic() < deadline, f"status line: {status()!r}"
+            await pilot.pause(0.1)
+        assert "store unreachable" in status() and "prepared_statement_cache_size=0" in status()
+        assert console.store_ok is False
 
 
 async def test_a_prepared_statement_the_pooler_lost_names_pgbouncer_and_the_fix(pgbouncer_transaction, pg_url):
