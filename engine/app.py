@@ -31,6 +31,7 @@ from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import NewMessage, Store, check_sqlite_writer, make_store, queue_name, registry, resolve_url
 from .store.caller import check_caller_connection
 from .store.outage import describe, is_outage
+from .store.pg_pooler import check_listen_url
 from .telemetry import RunHooks, tracing
 from .worker import Route, WorkerPool
 
@@ -60,6 +61,7 @@ class OkeApp:
         keep_delivered: str | None = None,
         keep_dead: str | None = None,
         keep_runs: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -71,6 +73,7 @@ class OkeApp:
             raise TypeError(f"oke(lease_ms=...): the lease is an int of milliseconds ≥ 1, got {lease_ms!r}")
         self.name = name
         self.database_url = resolve_url(database_url)
+        self.listen_url = None if listen_url is None else check_listen_url(listen_url, self.database_url)
         self._bindings = bindings
         self.lease_ms = lease_ms
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
@@ -114,7 +117,12 @@ class OkeApp:
             return
         manifest = build_manifest(self._bindings if self._bindings is not None else current_bindings())
         check_routes(manifest.routes)
-        store = make_store(self.database_url, busy_timeout_ms=self.busy_timeout_ms, sqlite_writer=self.sqlite_writer)
+        store = make_store(
+            self.database_url,
+            busy_timeout_ms=self.busy_timeout_ms,
+            sqlite_writer=self.sqlite_writer,
+            listen_url=self.listen_url,
+        )
         await store.open()
         try:
             declared_here = dict(manifest.signals)

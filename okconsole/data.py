@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from engine import ops
+from engine.errors import StoreUnavailable
 
 from .dburl import sqlite_file
 
@@ -18,6 +19,12 @@ T = TypeVar("T")
 
 class StoreDown(RuntimeError):
     """The store cannot be reached right now; the message is one line for the status bar."""
+
+
+def _store_down(err: BaseException) -> bool:
+    """An outage, or a store that cannot be used as configured (a pooler that refuses what the URL
+    makes the engine send): either way the status bar says why and the console keeps trying."""
+    return ops.is_outage(err) or isinstance(err, StoreUnavailable)
 
 
 def _one_line(err: BaseException) -> str:
@@ -48,7 +55,7 @@ class StoreAdapter:
             try:
                 store = await ops.open_store(self.url)
             except Exception as err:
-                if ops.is_outage(err):
+                if _store_down(err):
                     self.last_error = _one_line(err)
                     raise StoreDown(self.last_error) from err
                 raise
@@ -72,7 +79,7 @@ class StoreAdapter:
         try:
             result = await fn(store, *args, **kwargs)
         except Exception as err:
-            if ops.is_outage(err):
+            if _store_down(err):
                 self.last_error = _one_line(err)
                 await self._drop()
                 raise StoreDown(self.last_error) from err

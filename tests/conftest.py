@@ -6,6 +6,10 @@ Fixtures
                            database, dropped WITH (FORCE) afterwards
     sqlite_url  (function) sqlite+aiosqlite:///<tmp_path>/oke.db
     db_url      (function) parametrized ["sqlite", "postgres"]: one of the two above
+    pgbouncer_transaction, pgbouncer_session  (session)  a real PgBouncer (tests/pgbouncerkit.py) in front
+                           of pg_cluster in that pool mode; never skipped when CI=true
+    pooled      (function) parametrized ["transaction", "transaction-polling", "session"]: a fresh
+                           database behind PgBouncer, as a Pooled (its URLs and the oke() options to use)
 Every test runs between two `engine.reset()` calls. Tests that use PostgreSQL get the `postgres`
 marker automatically (`-m "not postgres"` deselects them). PostgreSQL tests never skip when CI=true.
 """
@@ -20,10 +24,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pgbouncerkit import Pooled, PgBouncer  # noqa: E402
 from pgcluster import PgCluster, PgClusterError  # noqa: E402
 from prockit import worker_procs  # noqa: E402
 
-_PG_FIXTURES = {"pg_cluster", "pg_url"}
+_PG_FIXTURES = {"pg_cluster", "pg_url", "pgbouncer_transaction", "pgbouncer_session", "pooled"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -65,6 +70,45 @@ def pg_url(pg_cluster: PgCluster):
     url = pg_cluster.create_database(name)
     try:
         yield url
+    finally:
+        pg_cluster.drop_database(name)
+
+
+def _pgbouncer(cluster: PgCluster, pool_mode: str):
+    bouncer = PgBouncer(cluster, pool_mode=pool_mode)
+    try:
+        bouncer.start()
+    except (PgClusterError, OSError) as e:
+        reason = f"PgBouncer unavailable: {e}"
+        if _in_ci():
+            pytest.fail(f"{reason} (CI=true: PgBouncer tests must not be skipped)", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_transaction(pg_cluster: PgCluster):
+    yield from _pgbouncer(pg_cluster, "transaction")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session(pg_cluster: PgCluster):
+    yield from _pgbouncer(pg_cluster, "session")
+
+
+@pytest.fixture(params=["transaction", "transaction-polling", "session"])
+def pooled(request: pytest.FixtureRequest, pg_cluster: PgCluster):
+    """A fresh database behind PgBouncer: in transaction mode with a direct listen_url, in transaction
+    mode without one (the workers poll), or in session mode (nothing to declare)."""
+    mode = request.param
+    bouncer = request.getfixturevalue("pgbouncer_session" if mode == "session" else "pgbouncer_transaction")
+    name = f"oke_t_{uuid.uuid4().hex[:16]}"
+    direct = pg_cluster.create_database(name)
+    try:
+        yield Pooled.of(mode, bouncer, name, direct)
     finally:
         pg_cluster.drop_database(name)
 

@@ -41,13 +41,18 @@ def check_sqlite_writer(writer: object, where: str) -> None:
 
 
 def make_store(
-    database_url: str | None = None, *, busy_timeout_ms: int | None = None, sqlite_writer: str = SQLITE_WRITERS[0]
+    database_url: str | None = None,
+    *,
+    busy_timeout_ms: int | None = None,
+    sqlite_writer: str = SQLITE_WRITERS[0],
+    listen_url: str | None = None,
 ) -> Store:
     """A closed store for the url; `await store.open()` connects and creates the schema.
 
     SQLite only: `busy_timeout_ms` is how long a write waits for another process's lock before
     failing as an outage (default 30 s); `sqlite_writer` is where emits, claims and settles are
     written: "process" (a writer process the store starts) or "thread" (a thread of this process).
+    PostgreSQL only: `listen_url`, a direct connection for LISTEN when the url is a pooler's.
     """
     check_sqlite_writer(sqlite_writer, "sqlite_writer")
     url = resolve_url(database_url)
@@ -72,7 +77,11 @@ def make_store(
             raise StoreUnavailable(
                 f"okengine speaks to PostgreSQL through asyncpg: use postgresql+asyncpg://… (got {parsed.drivername})"
             )
-        return PostgresStore(
-            url.replace("postgresql://", "postgresql+asyncpg://", 1) if parsed.drivername == "postgresql" else url
-        )
+        try:
+            return PostgresStore(
+                url.replace("postgresql://", "postgresql+asyncpg://", 1) if parsed.drivername == "postgresql" else url,
+                listen_url=listen_url,
+            )
+        except ValueError as err:
+            raise StoreUnavailable(str(err)) from err
     raise StoreUnavailable(f"unsupported database {backend!r} in {url!r}: use SQLite or PostgreSQL")

@@ -1,7 +1,8 @@
 """Tell a passing outage (database away, connection lost, lock timeout) from a real error.
 
 Workers back off and retry on an outage; emit turns one into a clear StoreUnavailable;
-the console shows the store as unreachable and keeps trying.
+the console shows the store as unreachable and keeps trying. A pooler that refuses what the URL
+makes us send (pg_pooler.PoolerMisconfigured) is no outage: retrying cannot fix it, so it is raised.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from ..errors import StoreUnavailable
+from .pg_pooler import PoolerMisconfigured
 
 _OUTAGES: tuple[type[BaseException], ...] = (
     StoreUnavailable,
@@ -36,6 +38,8 @@ _OUTAGES: tuple[type[BaseException], ...] = (
 
 
 def is_outage(err: BaseException) -> bool:
+    if isinstance(err, PoolerMisconfigured):
+        return False
     if isinstance(err, DBAPIError):
         if err.connection_invalidated:
             return True

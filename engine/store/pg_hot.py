@@ -11,6 +11,10 @@ after a cancel or a timeout, or after any error other than the server refusing a
 terminated (its state is unknown), and its place goes to the next call, which opens a new one. No
 reset query is needed: the store's locks are transaction-scoped, LISTEN has its own connection, and
 it sets no session state.
+
+A call that a pooler refused (a prepared statement another server connection holds or lacks: a
+transaction-mode PgBouncer the URL does not declare) ends in the error that names the fix
+(pg_pooler.py), not the driver's.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from types import TracebackType
 import asyncpg
 
 from .outage import is_outage
+from .pg_pooler import misconfigured, pooler_refusal
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
@@ -36,10 +41,13 @@ MAX_IDLE_S = 300.0
 class HotConnections:
     """Up to `size` connections, the one given back last handed out first (its caches are warm)."""
 
-    def __init__(self, connect: Connect, size: int, wait_s: float, max_idle_s: float = MAX_IDLE_S) -> None:
+    def __init__(
+        self, connect: Connect, size: int, wait_s: float, max_idle_s: float = MAX_IDLE_S, *, target: str = "the server"
+    ) -> None:
         if size < 1:
             raise ValueError(f"hot connections: size must be at least 1, got {size}")
         self._connect = connect
+        self.target = target  # host:port/database, for the errors that name it
         self.size = size
         self.wait_s = wait_s
         self.max_idle_s = max_idle_s
@@ -172,3 +180,6 @@ class _Lease:
         assert self.conn is not None
         fit = exc is None or (isinstance(exc, asyncpg.PostgresError) and not is_outage(exc))
         self.hot.give(self.conn, fit)
+        refusal = None if exc is None else pooler_refusal(exc)
+        if refusal is not None:
+            raise misconfigured(self.hot.target, refusal) from exc

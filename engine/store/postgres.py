@@ -5,14 +5,19 @@ claim and settle use prepared asyncpg statements on a few hot connections (pg_ho
 because on two cores the driver's round trips are the budget. Wake-ups ride a dedicated
 LISTEN connection, never a hot one; after it reconnects every waiter is
 woken to re-read the table, since notifications sent meanwhile are gone.
+
+Behind a pooler in transaction mode (the URL's `?prepared_statement_cache_size=0`, pg_pooler.py) no
+statement is named, settings are made per transaction, and LISTEN takes `listen_url`'s direct
+connection; without one the waiters are woken by a `Poller` and nothing is handed off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -21,13 +26,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..errors import StoreUnavailable
-from ..ids import now_ms
+from ..ids import new_id, now_ms
 from . import counts
 from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
 from .caller import wake_after_commit
 from .history import HistoryTally
 from .pauses import PAUSED_SIGNALS_SQL
 from .pg_hot import HotConnections
+from .pg_pooler import (
+    KNOB,
+    PoolerMisconfigured,
+    asyncpg_dsn,
+    misconfigured,
+    pooler_refusal,
+    shared_session,
+    transaction_pooled,
+)
 from .sql.claim import claim_order, postgres_claim_statement
 from .sql.enqueue import (
     COPY_COLUMNS,
@@ -50,7 +64,7 @@ from .sql.handoff import (
 )
 from .sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
 from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
-from .wake import PauseNotices, Waker, tape_topic, wake_local, wake_tapes
+from .wake import POOLED_POLL_S, PauseNotices, Poller, Waker, tape_topic, wake_local, wake_tapes
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.postgres")
@@ -66,21 +80,25 @@ SA_COMMAND_TIMEOUT_S = 30.0  # the same bound for operator reads and writes, whi
 # tape's row lock across round trips) would keep its locks until the server's TCP keepalive gives
 # up (hours), stalling every other process. Our transactions never sit idle between statements,
 # so one idle this long has lost its client: the server ends it and frees its locks.
+IDLE_SETTING = "idle_in_transaction_session_timeout"
 SESSION_SETTINGS = {
     "application_name": "okengine",
-    "idle_in_transaction_session_timeout": str(int(COMMAND_TIMEOUT_S * 1000)),
+    IDLE_SETTING: str(int(COMMAND_TIMEOUT_S * 1000)),
 }
+# Behind a pooler the session is not ours (PgBouncer refuses the setting at startup, and in
+# transaction mode a session SET would stay on a server connection other clients get next): the
+# same bound is set inside each transaction that spans round trips.
+SET_LOCAL_IDLE = f"SET LOCAL {IDLE_SETTING} = {SESSION_SETTINGS[IDLE_SETTING]}"
+# Where a connection landed: its backend, database and server (two of ours sharing a backend are
+# behind a transaction-mode pooler; a LISTEN connection must reach the same database and server).
+SERVER_PROBE = "SELECT pg_backend_pid(), current_database(), pg_postmaster_start_time()"
+LISTEN_PROBE_S = 5.0  # how long open() waits for listen_url's connection to hear a NOTIFY of ours
 SA_POOL_SIZE = 3  # SQLAlchemy connections kept idle for reads and operator writes
 SA_MAX_OVERFLOW = 12  # more for bursts (closed again when returned)
 COMPACT_EVERY_S = 2.0  # how often a busy process folds message-count deltas (store/counts.py)
 
 # The claim of up to `limit` messages: $1 worker, $2 lease ms, $3 queues (engine/store/sql/claim.py).
 claim_statement = postgres_claim_statement
-
-
-def asyncpg_dsn(url: str) -> str:
-    """A plain libpq DSN for asyncpg from a SQLAlchemy url."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def describe_target(url: str) -> str:
@@ -92,13 +110,25 @@ class PostgresStore(Store):
     dialect = "postgresql"
     concurrent_claims = 2  # a claim's round trip overlaps the other's (measured: see bench/ONCE.md)
 
-    def __init__(self, url: str, pool_size: int = 4) -> None:
+    def __init__(self, url: str, pool_size: int = 4, listen_url: str | None = None) -> None:
         self.url = url
         self.dsn = asyncpg_dsn(url)
+        # The URL says a pooler in transaction mode is in front: nothing may outlive a transaction.
+        self.transaction_pooled = transaction_pooled(url)
+        # Settings made per transaction (SET LOCAL), not at connect: behind any pooler (known from
+        # the URL, or from its refusal of the startup setting).
+        self.set_local = self.transaction_pooled
         self.pool_size = pool_size
         self.sa: AsyncEngine | None = None
         self.hot: HotConnections | None = None
+        # Where LISTEN connects: listen_url, else the store's own URL unless that is a transaction
+        # pooler's (LISTEN there hears nothing): then no listener, a Poller, and no hand-offs.
+        self.listen_dsn = asyncpg_dsn(listen_url) if listen_url else None if self.transaction_pooled else self.dsn
+        self.listen_target = describe_target(listen_url or url)
+        self.listen_given = bool(listen_url)  # checked at open(): it must reach the store's database directly
+        self.hands_off = self.listen_dsn is not None
         self._listener: _Listener | None = None
+        self._poller: Poller | None = None
         self._takers: dict[str, Callable[[int], None]] = {}  # worker id -> its pool's take (on_handed)
         self._compacted_at = 0.0
         self._compacting: asyncio.Task[None] | None = None
@@ -114,20 +144,24 @@ class PostgresStore(Store):
     async def open(self) -> None:
         target = describe_target(self.url)
         try:
-            self.hot = HotConnections(self._connect_hot, self.pool_size, COMMAND_TIMEOUT_S)
-            self.hot.give(await self.hot.take())  # reachable, and the first emit finds one open
+            self.hot = HotConnections(self._connect_hot, self.pool_size, COMMAND_TIMEOUT_S, target=target)
+            async with self.hot.connection() as conn:  # reachable, and the first emit finds one open
+                here = await _where(conn)
             self.sa = create_async_engine(
                 self.url,
                 pool_size=SA_POOL_SIZE,
                 max_overflow=SA_MAX_OVERFLOW,
                 pool_pre_ping=True,
-                connect_args={
-                    "timeout": CONNECT_TIMEOUT_S,
-                    "command_timeout": SA_COMMAND_TIMEOUT_S,
-                    "server_settings": SESSION_SETTINGS,
-                },
+                connect_args=self._connect_args(SA_COMMAND_TIMEOUT_S),
             )
-            await self.write(_ensure_schema_locked)
+            backend = await self.write(_ensure_schema_locked)
+            if backend == here[0] and not self.transaction_pooled:
+                raise shared_session(target)
+            if self.listen_given:
+                await self._check_listen_target(here, {here[0], backend})
+        except StoreUnavailable:  # a pooler's refusal, or listen_url's (they say what to do)
+            await self.close()
+            raise
         except (TimeoutError, OSError, asyncpg.PostgresError, ConnectionError) as err:
             await self.close()
             reason = str(err) or type(err).__name__
@@ -138,12 +172,63 @@ class PostgresStore(Store):
                 raise StoreUnavailable(f"cannot reach PostgreSQL at {target}: {err.__cause__ or err}") from err
             raise
 
+    async def _check_listen_target(self, here: Landing, ours: set[int]) -> None:
+        """listen_url reaches the store's database on the same server, and directly: LISTEN hears
+        only that database's notifications, and through a transaction pooler it hears nothing."""
+        assert self.listen_dsn is not None
+        where = self.listen_target
+        direct = "LISTEN needs a direct connection to PostgreSQL (its host and port, not PgBouncer's)"
+        try:
+            conn = await asyncpg.connect(self.listen_dsn, timeout=CONNECT_TIMEOUT_S, statement_cache_size=0)
+        except (TimeoutError, OSError, asyncpg.PostgresError, ConnectionError) as err:
+            raise StoreUnavailable(f"cannot reach PostgreSQL at {where} (listen_url): {err}") from err
+        try:
+            there = await _where(conn)
+            if there[0] in ours:
+                raise PoolerMisconfigured(
+                    f"oke(listen_url=...) at {where} shares a server session with the store: {direct}"
+                )
+            if there[1] != here[1]:
+                raise PoolerMisconfigured(
+                    f"oke(listen_url=...) at {where} reaches database {there[1]!r}, not the store's {here[1]!r}: "
+                    "notifications never cross databases"
+                )
+            if there[2] != here[2]:
+                raise PoolerMisconfigured(
+                    f"oke(listen_url=...) at {where} reaches another server than the database URL"
+                )
+            if not await self._hears_notify(conn):
+                raise PoolerMisconfigured(
+                    f"oke(listen_url=...) at {where} did not hear a notification sent through the database URL "
+                    f"within {LISTEN_PROBE_S:g} s: {direct}"
+                )
+        finally:
+            await conn.close()
+
+    async def _hears_notify(self, conn: asyncpg.Connection) -> bool:
+        """Whether `conn` hears a NOTIFY sent on a hot connection (a new channel, used once)."""
+        heard = asyncio.Event()
+        channel = f"oke_listen_probe_{new_id()}"
+        await conn.add_listener(channel, lambda *_: heard.set())
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as hot:
+            await hot.execute("SELECT pg_notify($1, '')", channel)
+        try:
+            async with asyncio.timeout(LISTEN_PROBE_S):
+                await heard.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
         if self._compacting is not None:
             await asyncio.gather(self._compacting, return_exceptions=True)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
+        if self._poller is not None:
+            await self._poller.close()
+            self._poller = None
         if self.hot is not None:
             await self.hot.close()
             self.hot = None
@@ -151,21 +236,57 @@ class PostgresStore(Store):
             await self.sa.dispose()
             self.sa = None
 
+    def _connect_args(self, command_timeout: float) -> dict[str, Any]:
+        """asyncpg.connect's options for the hot connections and SQLAlchemy's."""
+        settings = dict(SESSION_SETTINGS)
+        if self.set_local:
+            del settings[IDLE_SETTING]
+        args: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_S, "command_timeout": command_timeout}
+        args["server_settings"] = settings
+        if self.transaction_pooled:
+            args["statement_cache_size"] = 0  # unnamed statements, parsed again on each call
+        return args
+
     async def _connect_hot(self) -> asyncpg.Connection:
-        return await asyncpg.connect(
-            self.dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S, server_settings=SESSION_SETTINGS
-        )
+        try:
+            return await asyncpg.connect(self.dsn, **self._connect_args(COMMAND_TIMEOUT_S))
+        except asyncpg.PostgresError as err:
+            if self.set_local or IDLE_SETTING not in str(err):
+                raise
+        # A pooler in front that does not pass the setting on (PgBouncer: "unsupported startup
+        # parameter"): connect without it and set it in each transaction instead.
+        log.info("a connection pooler in front of %s refuses %s at startup: set per transaction",
+                 describe_target(self.url), IDLE_SETTING)  # fmt: skip
+        self.set_local = True
+        return await asyncpg.connect(self.dsn, **self._connect_args(COMMAND_TIMEOUT_S))
+
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """A pooler's refusal of a prepared statement or a setting, as the error that names the fix."""
+        try:
+            yield
+        except Exception as err:
+            refusal = pooler_refusal(err)
+            if refusal is None:
+                raise
+            raise misconfigured(describe_target(self.url), refusal) from err
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         assert self.sa is not None, "store is not open"
-        async with self.sa.connect() as conn:
-            async with conn.begin():
-                return await conn.run_sync(fn)
+        with self._refusals():
+            async with self.sa.connect() as conn:
+                async with conn.begin():
+                    if self.set_local:
+                        await conn.exec_driver_sql(SET_LOCAL_IDLE)
+                    return await conn.run_sync(fn)
 
     async def write(self, fn: Callable[[Connection], T]) -> T:
         assert self.sa is not None, "store is not open"
-        async with self.sa.begin() as conn:
-            return await conn.run_sync(fn)
+        with self._refusals():
+            async with self.sa.begin() as conn:
+                if self.set_local:
+                    await conn.exec_driver_sql(SET_LOCAL_IDLE)
+                return await conn.run_sync(fn)
 
     async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         assert self.hot is not None, "store is not open"
@@ -182,7 +303,7 @@ class PostgresStore(Store):
                 await conn.execute(POSTGRES_INSERT, *_insert_columns(rows))
                 holder = None
             else:
-                holder = await _insert_in_transaction(conn, rows)
+                holder = await _insert_in_transaction(conn, rows, self.set_local)
         if holder is None:
             self.tally.emitted((r.signal, r.created_at) for r in rows)
         wake_local(self.url)
@@ -222,7 +343,7 @@ class PostgresStore(Store):
         failed_to: dict[tuple[int, int], str] = {}
         async with self.hot.connection() as conn:
             if _needs_transaction(outcomes):
-                async with conn.transaction():
+                async with _transaction(conn, self.set_local):
                     held = await _settle_on(conn, worker_id, outcomes, failed_to)
             else:
                 held = await _settle_on(conn, worker_id, outcomes, failed_to)
@@ -243,7 +364,7 @@ class PostgresStore(Store):
         try:
             assert self.hot is not None
             async with self.hot.connection() as conn:
-                async with conn.transaction():
+                async with _transaction(conn, self.set_local):
                     if not await conn.fetchval(counts.TRY_COMPACT_LOCK_SQL, counts.COMPACT_LOCK):
                         return
                     await conn.execute(counts.COMPACT_SQL)
@@ -256,24 +377,29 @@ class PostgresStore(Store):
             self._compacting = None
 
     def waker(self) -> Waker:
-        self._ensure_listener()
+        self._start_wakeups()
         return Waker(self.url)
 
     def tape_waker(self, signal: str) -> Waker:
         """Woken by this process's appends and, through LISTEN oke_tape, by other processes'."""
-        self._ensure_listener().listen_soon(TAPE_CHANNEL, self._on_tape_notice)
+        listener = self._start_wakeups()
+        if listener is not None:
+            listener.listen_soon(TAPE_CHANNEL, self._on_tape_notice)
         return Waker(self.url, tape_topic(signal))
 
     def pause_notices(self) -> PauseNotices | None:
         """Heard on the workers' LISTEN connection, once a waker started it."""
         return None if self._listener is None else self._listener.pauses
 
-    hands_off = True
+    hands_off = True  # unless no LISTEN connection can be had (__init__)
 
     def on_handed(self, worker_id: str, take: Callable[[int], None]) -> Callable[[], None]:
         # This store's own listener and takers: two apps on one database in one process each hear
         # every notice, and only the one whose worker it names may take it.
-        self._ensure_listener().listen_soon(TAKE_CHANNEL, self._on_take_notice)
+        listener = self._start_wakeups()
+        if listener is None:
+            return lambda: None  # nothing is handed off without a listener (offer_idle says no)
+        listener.listen_soon(TAKE_CHANNEL, self._on_take_notice)
         self._takers[worker_id] = take
 
         def forget() -> None:
@@ -313,11 +439,34 @@ class PostgresStore(Store):
         else:
             wake_local(self.url, tape_topic(tape_of_notice(payload)))
 
-    def _ensure_listener(self) -> _Listener:
+    def _start_wakeups(self) -> _Listener | None:
+        """The LISTEN connection, started; None where none can be had (behind a transaction pooler
+        without listen_url): then a Poller wakes this process's waiters, with a warning, once."""
+        if self.listen_dsn is None:
+            if self._poller is None:
+                log.warning(
+                    "PostgreSQL at %s is behind a pooler in transaction mode (%s=0 in its URL) and "
+                    "oke(..., listen_url=...) is not set: idle workers and live tapes poll every %.1f s instead "
+                    "of being woken by LISTEN/NOTIFY, and no emit is handed to an idle worker; give listen_url "
+                    "a direct PostgreSQL URL",
+                    describe_target(self.url), KNOB, POOLED_POLL_S,
+                )  # fmt: skip
+                self._poller = Poller(self.url)
+            self._poller.ensure_started()
+            return None
         if self._listener is None:
-            self._listener = _Listener(self.dsn, self.url)
+            self._listener = _Listener(self.listen_dsn, self.url)
         self._listener.ensure_started()
         return self._listener
+
+
+# A connection's backend pid, database and server start (SERVER_PROBE).
+Landing = tuple[int, str, Any]
+
+
+async def _where(conn: Any) -> Landing:
+    row = await conn.fetchrow(SERVER_PROBE)
+    return (int(row[0]), str(row[1]), row[2])
 
 
 def _insert_columns(rows: Sequence[NewMessage]) -> tuple[list[Any], ...]:
@@ -430,8 +579,18 @@ async def _insert_deduped(run: Runner, rows: Sequence[NewMessage], copy: Copier 
     raise RuntimeError(f'emit("{first.signal}", dedupe=...): the key kept changing hands; try again')
 
 
-async def _insert_in_transaction(conn: Any, rows: Sequence[NewMessage]) -> str | None:
+@contextlib.asynccontextmanager
+async def _transaction(conn: Any, set_local: bool) -> AsyncIterator[None]:
+    """asyncpg's transaction; behind a pooler with the idle bound set inside it (SET LOCAL), since
+    the session's setting could not be made."""
     async with conn.transaction():
+        if set_local:
+            await conn.execute(SET_LOCAL_IDLE)
+        yield
+
+
+async def _insert_in_transaction(conn: Any, rows: Sequence[NewMessage], set_local: bool) -> str | None:
+    async with _transaction(conn, set_local):
         return await _insert_deduped(_asyncpg_runner(conn), rows, _asyncpg_copier(conn))
 
 
@@ -542,10 +701,12 @@ def _needs_transaction(outcomes: Sequence[Outcome]) -> bool:
     return len(outcomes) > POSTGRES_ACK_ROWS_PER_STATEMENT or bool(_queues_to_wake(outcomes))
 
 
-def _ensure_schema_locked(conn: Connection) -> None:
+def _ensure_schema_locked(conn: Connection) -> int:
+    """Create or upgrade the schema; the backend it ran on (open() compares it with the hot one's)."""
     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
     ensure_schema(conn)
     conn.execute(text(IDLE_WORKERS_DDL))  # PostgreSQL's alone, unlogged (sql/handoff.py)
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
 def _log_listen_failure(task: asyncio.Task[None]) -> None:

@@ -7,6 +7,8 @@ Behind the one interface each dialect keeps its own cross-process mechanism:
   wakes every waiter of that topic on the same store (two apps on one store in one process meet);
 - PostgreSQL: LISTEN/NOTIFY on a dedicated connection routes each notification to `wake_local`
   (engine/store/postgres.py `_Listener`; the statements are in engine/store/sql/notify.py);
+- PostgreSQL behind a transaction-mode pooler without a direct connection to LISTEN on: a
+  `Poller` wakes every waiter of the store every POOLED_POLL_S instead (engine/store/pg_pooler.py);
 - SQLite: a `WalWatch` on the WAL file ends a wait when another process committed.
 
 Clear a waker *before* reading: a wake-up that lands during the read then makes the next `wait`
@@ -22,6 +24,7 @@ import threading
 WORK = ""  # the topic of the workers' queues
 _TAPE = "tape\x1f"
 WAL_POLL_S = 0.02
+POOLED_POLL_S = 0.5  # a Poller's tick: the longest a message waits for an idle worker it did not wake
 
 
 class PauseNotices:
@@ -147,3 +150,30 @@ def wake_tapes(url: str) -> None:
         if waker_url == url and topic.startswith(_TAPE):
             for waker in list(wakers):
                 waker.wake()
+
+
+class Poller:
+    """Wake-ups without LISTEN: every `every_s` it wakes the workers and live tapes of the store at
+    `url` in this process, which then read the tables as a notification would have made them.
+    Each tick costs a claim per idle claim lane and a read per live tape with readers."""
+
+    def __init__(self, url: str, every_s: float = POOLED_POLL_S) -> None:
+        self.url = url
+        self.every_s = every_s
+        self.task: asyncio.Task[None] | None = None
+
+    def ensure_started(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="oke-poll-wake")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            wake_local(self.url)
+            wake_tapes(self.url)
+
+    async def close(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
