@@ -20,6 +20,7 @@ from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
+from .http.limits import DEFAULT_MAX_CONNECTIONS, check_max_connections
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
@@ -60,6 +61,7 @@ class OkeApp:
         keep_delivered: str | None = None,
         keep_dead: str | None = None,
         keep_runs: str | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -91,6 +93,7 @@ class OkeApp:
         self.worker_heartbeat_s = _heartbeat_s(worker_heartbeat_s)  # how often a running pool records itself
         self.history_ttl_ms = history.parse_ttl_ms("history_ttl", history_ttl)
         self.retention_policy = parse_policy(keep_delivered, keep_dead, keep_runs)
+        self.max_connections = check_max_connections(max_connections)  # HTTP: one more gets 503
         self.background: Background | None = None  # history writer and retention, while started
         self.store: Store | None = None
         self.manifest: Manifest | None = None
@@ -354,6 +357,8 @@ class OkeApp:
             self.emit,
             self.sse_heartbeat_s,
             self.hooks,
+            max_payload_bytes=self.max_payload_bytes,
+            max_connections=self.max_connections,
         )
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import re
 import time
 
 import asyncpg
@@ -984,3 +985,12 @@ async def test_a_filtered_stream_coalesces_too_and_keeps_only_its_events(db_url)
     wanted = [i for n, i in enumerate(early + later) if n % 3]
     assert [f.id for f in replayed + followed] == wanted
     assert [f.value["n"] for f in replayed + followed] == [n for n in range(330) if n % 3]
+
+
+# ------------------------------------------------------------------------------------ limits
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "100", None, True])
+def test_max_connections_below_1_or_not_an_int_is_a_value_error_at_oke(tmp_path, bad):
+    with pytest.raises(ValueError, match=r"^oke\(max_connections=\.\.\.\): an int ≥ 1 .*got " + re.escape(repr(bad))):
+        oke("shop", database_url=f"sqlite+aiosqlite:///{tmp_path}/oke.db", max_connections=bad)
+

@@ -23,6 +23,7 @@ from ..live.hub import HubRegistry
 from ..live.stream import REPLAY_BATCH, StreamControl, live_stream
 from ..ops.records import to_json
 from ..store.outage import describe, is_outage
+from .limits import BodyLimit, PayloadTooLarge
 from .routes import HttpError, Route, check_routes, exposure_match, param_match
 
 if TYPE_CHECKING:
@@ -52,6 +53,14 @@ def resume_gap(signal: str, cursor: str, gap: tape.Gap) -> JSONResponse:
         oke=1210,
         data={"signal": signal, "afterId": cursor, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
     )
+
+
+def too_large(err: PayloadTooLarge) -> JSONResponse:
+    """The 413 envelope, with `Connection: close`: uvicorn then drops the socket instead of reading
+    (and discarding) the rest of the body."""
+    response = envelope(err.status, err.code, err.message)
+    response.headers["Connection"] = "close"
+    return response
 
 
 @dataclass(frozen=True)
@@ -191,8 +200,15 @@ class HttpServer:
 
         uvicorn waits for open connections before it returns; SSE streams never end by themselves,
         so without this a signal would wait out the graceful timeout and cut them without [DONE].
+
+        Its limits: request headers within 10 s (engine/http/protocol.py), and `max_connections`
+        by uvicorn's `limit_concurrency`, which answers 503 to a request that arrives while that many
+        connections are open (idle, half-sent and streaming ones alike) or that many requests run.
+        It counts the asking connection too, hence N + 1: N connections are served, one more is not.
         """
         import uvicorn
+
+        from .protocol import HeaderDeadlineProtocol
 
         http = self
 
@@ -209,7 +225,15 @@ class HttpServer:
                 super().handle_exit(sig, frame)
 
         config = uvicorn.Config(
-            self, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **options
+            self,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            http=HeaderDeadlineProtocol,
+            limit_concurrency=self.runtime.max_connections + 1,
+            **options,
         )
         return Server(config)
 
@@ -219,7 +243,11 @@ class HttpServer:
             return
         if scope["type"] != "http":
             return
-        response = await self._dispatch(Request(scope, receive))
+        body = BodyLimit(self.runtime.max_payload_bytes)
+        if body.declared_over(scope):  # refused before any route, gate or read
+            response: Response = too_large(PayloadTooLarge(body.limit))
+        else:
+            response = await self._dispatch(Request(scope, body.counting(receive)))
         await response(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -263,6 +291,8 @@ class HttpServer:
             if allowed:
                 return PlainTextResponse("Method Not Allowed", status_code=405)
             return PlainTextResponse("Not Found", status_code=404)
+        except PayloadTooLarge as err:  # a body counted past the limit as a gate or a route read it
+            return too_large(err)
         except HttpError as err:
             return envelope(err.status, err.code, err.message)
         except StoreUnavailable as err:  # the database is away: say so, and when to come back
