@@ -33,7 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import Forbidden, Unauthorized, flow, gate, http, oke, on, signal
-from engine.client import Client, LiveResumeGap
+from engine.client import Client, ClientError, LiveResumeGap
 from engine.http.routes import live_path
 from livekit import serving
 from test_hostile_input import few, json_values, name_chars, normalised, same_json
@@ -483,8 +483,8 @@ async def _first_event(client: Client, name: str, timeout: float = 10.0) -> Any:
 
 
 async def check_names_served(s: Served, names: list[str]) -> None:
-    async with httpx.AsyncClient() as c:
-        exposures = (await c.get(s.base + "/_oke/exposures")).json()["data"]
+    async with httpx.AsyncClient() as c:  # gated exposures are listed to callers passing their gates
+        exposures = (await c.get(s.base + "/_oke/exposures", headers=AUTH)).json()["data"]
     paths = {e["signal"]: e["path"] for e in exposures if not e["custom"] and e["path"].startswith("/_oke/live/")}
     client = Client(s.base, token="s3cret")
     for name in names:
@@ -579,6 +579,17 @@ async def test_a_live_signal_with_a_200_character_name_boots(db_url, name):
 
 LIMIT = 1_048_576 + 64 * 1024  # the default max_payload_bytes, plus 64 KiB for the JSON around a payload
 HEADER_TIMEOUT_S = 10.0  # the promise; the test waits it out rather than shorten it
+
+
+def counting_gate(name: str, calls: list[str], allowed: set[str]):
+    """A gate passing requests whose bearer token is in `allowed`; records each time it is asked."""
+    def check(request):
+        calls.append(name)
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if token not in allowed:
+            raise Unauthorized(f"{name}: missing or wrong token")
+        return {"gate": name}
+    return gate(name, check)
 
 
 @contextlib.asynccontextmanager
@@ -827,4 +838,43 @@ async def test_max_connections_counts_sse_streams_and_the_one_over_gets_503(sqli
         assert (await exchange(s.port, b"/_oke/live/feed")).status == 503
         for _status, writer in streams:
             writer.close()
+
+
+async def test_exposures_list_only_what_the_callers_gates_let_through(sqlite_url):
+    calls: list[str] = []
+    member = counting_gate("member", calls, {"m-token", "a-token"})
+    admin = counting_gate("admin", calls, {"a-token"})
+    status = signal.live("order-status")
+    news = signal.live("news")
+    on(http.live(status).gate(member))
+    on(http.get("/orders/:orderId/events").gate(member).live(status))
+    on(http.get("/admin/feed").gate(member, admin).live(status))
+    on(http.live(news).public())
+    on(http.get("/news/top").public().live(news), flow("news.top", do=lambda v, fx: fx.live(news)))
+    app = oke("gated", database_url=sqlite_url)
+    async with app, serving(app) as base, httpx.AsyncClient() as c:
+        await app.emit(status, {"orderId": "o1"})
+
+        async def listed(token: str | None) -> tuple[set[str], bytes]:
+            calls.clear()
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = await c.get(base + "/_oke/exposures", headers=headers)
+            assert response.status_code == 200
+            assert sorted(calls) == sorted(set(calls)), calls  # each gate asked at most once a listing
+            return {e["path"] for e in response.json()["data"]}, response.content
+
+        public = {"/_oke/live/news", "/news/top"}
+        for anonymous in (None, "wrong"):
+            paths, raw = await listed(anonymous)
+            assert paths == public
+            for secret in (b"order-status", b"/orders", b"/admin", b"member", b"admin"):
+                assert secret not in raw, secret  # nothing of a gated route, not even its gate's name
+        assert (await listed("m-token"))[0] == public | {"/_oke/live/order-status", "/orders/:orderId/events"}
+        assert (await listed("a-token"))[0] == public | {"/_oke/live/order-status", "/orders/:orderId/events",
+                                                         "/admin/feed"}
+        # the Python client finds the gated exposure with its token; without one the server says 401
+        assert await _first_event(Client(base, token="m-token"), "order-status") == {"orderId": "o1"}
+        with pytest.raises(ClientError) as refused:
+            await _first_event(Client(base, token="wrong"), "order-status")
+        assert refused.value.status == 401
 

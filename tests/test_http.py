@@ -211,7 +211,7 @@ async def test_exposures_differing_in_gates_or_match_boot(db_url):
     on(http.get("/orders/late/events").gate(m).live(status),
        flow("orders.late", do=lambda _in, fx: fx.live(status)))  # custom:orders.late
     async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
-        exposures = (await c.get(f"{base}/_oke/exposures")).json()["data"]
+        exposures = (await c.get(f"{base}/_oke/exposures", headers=ADMIN)).json()["data"]
     # the exposures list tells a client each one's match and, for a custom one, its flow
     assert sorted((e["path"], e["match"], e["custom"], e["flow"]) for e in exposures) == [
         ("/_oke/live/order-status", "(firehose)", False, None),

@@ -24,7 +24,7 @@ from ..live.stream import REPLAY_BATCH, StreamControl, live_stream
 from ..ops.records import to_json
 from ..store.outage import describe, is_outage
 from .limits import BodyLimit, PayloadTooLarge
-from .routes import HttpError, Route, check_routes, exposure_match, param_match
+from .routes import Gate, HttpError, Route, check_routes, exposure_match, param_match
 
 if TYPE_CHECKING:
     from ..runtime import HttpRuntime
@@ -276,7 +276,7 @@ class HttpServer:
                 if len(segments) == 3 and segments[1] == "live":
                     return await self._firehose(request, segments[2])
                 if segments == ["_oke", "exposures"] and request.method == "GET":
-                    return JSONResponse({"data": self.exposures(), "error": None})
+                    return JSONResponse({"data": await self.exposures(request), "error": None})
                 if segments == ["_oke", "metrics"] and self.metrics_route is not None:
                     return await self._scrape(request, self.metrics_route)
                 return PlainTextResponse("Not Found", status_code=404)
@@ -302,12 +302,18 @@ class HttpServer:
         except UnicodeDecodeError:
             return envelope(400, "BadRequest", "the path is not valid UTF-8 once decoded")
 
-    def exposures(self) -> list[dict[str, Any]]:
-        """Live exposures for clients choosing a path by their params."""
+    async def exposures(self, request: Request) -> list[dict[str, Any]]:
+        """Live exposures for clients choosing a path by their params: those whose gates this caller
+        passes (public ones to anyone), so a caller learns nothing of a route it may not open.
+
+        Each gate is asked as a live request asks it, once per listing however many exposures
+        share it; a gate's Unauthorized or Forbidden (any HttpError) hides its exposures.
+        """
+        verdicts: dict[int, bool] = {}  # id(gate) -> passed
         out = []
         for b in self.firehoses_and_routes():
             route: Route = b.trigger
-            if route.live_signal is None:
+            if route.live_signal is None or not await self._admits(route, request, verdicts):
                 continue
             custom = b.flow.do is not None
             out.append(
@@ -325,13 +331,21 @@ class HttpServer:
         return out
 
     async def _pass_gates(self, route: Route, request: Request) -> dict[str, Any]:
-        identities: dict[str, Any] = {}
+        return {g.name: await _ask(g, request) for g in route.gates}
+
+    async def _admits(self, route: Route, request: Request, verdicts: dict[int, bool]) -> bool:
         for g in route.gates:
-            result = g.check(request)
-            if inspect.isawaitable(result):
-                result = await result
-            identities[g.name] = result
-        return identities
+            if id(g) not in verdicts:
+                try:
+                    await _ask(g, request)
+                    verdicts[id(g)] = True
+                except PayloadTooLarge:
+                    raise
+                except HttpError:
+                    verdicts[id(g)] = False
+            if not verdicts[id(g)]:
+                return False
+        return True
 
     async def _scrape(self, request: Request, route: Route) -> Response:
         """The Prometheus exposition, behind the route's gates (engine/http/metrics.py)."""
@@ -478,6 +492,14 @@ class HttpServer:
             page_head=state.head,
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _ask(g: Gate, request: Request) -> Any:
+    """The gate's identity for this request; it raises Unauthorized / Forbidden to refuse."""
+    result = g.check(request)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
 
 
 def _tail(request: Request) -> int | None:
