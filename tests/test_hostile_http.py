@@ -188,8 +188,9 @@ def assert_gap_envelope(reply: Reply, signal_name: str, cursor: str) -> str:
     assert body["data"] is None
     error = body["error"]
     assert (error["code"], error["oke"]) == ("LiveResumeGap", 1210)
-    assert error["message"] == f'Cursor "{cursor}" missing on "{signal_name}".'
-    assert error["data"]["signal"] == signal_name and error["data"]["afterId"] == cursor
+    quoted = cursor[:128]  # a 410 quotes at most 128 characters of the cursor
+    assert error["message"] == f'Cursor "{quoted}" missing on "{signal_name}".'
+    assert error["data"]["signal"] == signal_name and error["data"]["afterId"] == quoted
     assert error["data"]["reason"] in ("malformed", "reset", "unknown", "pruned")
     return error["data"]["reason"]
 
@@ -878,3 +879,17 @@ async def test_exposures_list_only_what_the_callers_gates_let_through(sqlite_url
             await _first_event(Client(base, token="wrong"), "order-status")
         assert refused.value.status == 401
 
+
+async def test_a_410_quotes_at_most_128_characters_of_the_cursor(served):
+    long_cursor = "z" * 100 + "ü" * 50 + "\u202e" * 10 + "9" * 8000
+    for headers, target in (([(b"Authorization", TOKEN.encode()), (b"Last-Event-ID", long_cursor.encode())],
+                             b"/_oke/live/order-status"),
+                            ([(b"Authorization", TOKEN.encode())],
+                             b"/_oke/live/order-status?lastEventId=" + quote(long_cursor).encode())):
+        reply = await exchange(served.port, target, headers)
+        assert reply.status == 410
+        error = reply.json()["error"]
+        cursor = long_cursor if b"?" in target else long_cursor.encode().decode("latin-1")
+        assert error["data"]["afterId"] == cursor[:128] and len(error["data"]["afterId"]) == 128
+        assert error["message"] == f'Cursor "{cursor[:128]}" missing on "order-status".'
+        assert len(reply.body) < 1024, len(reply.body)

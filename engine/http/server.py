@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 MAX_TAIL = 10_000
+MAX_CURSOR_ECHO = 128  # characters of a refused cursor that a 410 quotes back
 _TAIL = re.compile(r"[0-9]{1,9}")
 
 
@@ -46,12 +47,15 @@ def envelope(
 
 
 def resume_gap(signal: str, cursor: str, gap: tape.Gap) -> JSONResponse:
+    """The 410 for a cursor the tape cannot honour; it quotes at most 128 characters of the cursor
+    (a header may hold kilobytes of anything, and the answer need not carry them back)."""
+    quoted = cursor[:MAX_CURSOR_ECHO]
     return envelope(
         410,
         "LiveResumeGap",
-        f'Cursor "{cursor}" missing on "{signal}".',
+        f'Cursor "{quoted}" missing on "{signal}".',
         oke=1210,
-        data={"signal": signal, "afterId": cursor, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
+        data={"signal": signal, "afterId": quoted, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
     )
 
 
