@@ -20,6 +20,7 @@ from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
+from .http.limits import DEFAULT_MAX_CONNECTIONS, check_max_connections
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
@@ -62,6 +63,7 @@ class OkeApp:
         keep_dead: str | None = None,
         keep_runs: str | None = None,
         listen_url: str | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"oke(name): the app name must be a non-empty string, got {name!r}")
@@ -79,21 +81,16 @@ class OkeApp:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
         self.max_payload_bytes = max_payload_bytes
         self.stop_grace_s = stop_grace_s
-        if isinstance(sse_heartbeat_s, bool) or not isinstance(sse_heartbeat_s, (int, float)) or sse_heartbeat_s <= 0:
-            raise TypeError(f"oke(sse_heartbeat_s=...): seconds > 0, got {sse_heartbeat_s!r}")
-        self.sse_heartbeat_s = float(sse_heartbeat_s)  # SSE heartbeat interval (SPEC §7: at least every 15 s)
-        if busy_timeout_ms is not None and (
-            isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0
-        ):
-            raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {busy_timeout_ms!r}")
+        self.sse_heartbeat_s = _sse_heartbeat_s(sse_heartbeat_s)  # SSE heartbeat interval (at least every 15 s)
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
-        self.busy_timeout_ms = busy_timeout_ms
+        self.busy_timeout_ms = _busy_timeout_ms(busy_timeout_ms)
         check_sqlite_writer(sqlite_writer, "oke(sqlite_writer=...)")
         self.sqlite_writer = sqlite_writer  # SQLite: where emits, claims and settles are written
         self.binding_ttl_ms = _binding_ttl_ms(binding_ttl)
         self.worker_heartbeat_s = _heartbeat_s(worker_heartbeat_s)  # how often a running pool records itself
         self.history_ttl_ms = history.parse_ttl_ms("history_ttl", history_ttl)
         self.retention_policy = parse_policy(keep_delivered, keep_dead, keep_runs)
+        self.max_connections = check_max_connections(max_connections)  # HTTP: one more gets 503
         self.background: Background | None = None  # history writer and retention, while started
         self.store: Store | None = None
         self.manifest: Manifest | None = None
@@ -362,6 +359,8 @@ class OkeApp:
             self.emit,
             self.sse_heartbeat_s,
             self.hooks,
+            max_payload_bytes=self.max_payload_bytes,
+            max_connections=self.max_connections,
         )
 
     async def serve(self, host: str = "127.0.0.1", port: int = 6530, concurrency: int = 8) -> None:
@@ -466,6 +465,18 @@ def _binding_ttl_ms(ttl: object) -> int:
             f'unit (ms, s, m, h, d), e.g. "7d"'
         )
     return ms
+
+
+def _sse_heartbeat_s(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise TypeError(f"oke(sse_heartbeat_s=...): seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _busy_timeout_ms(value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise TypeError(f"oke(busy_timeout_ms=...): an int of milliseconds ≥ 0, got {value!r}")
+    return value
 
 
 def _heartbeat_s(value: object) -> float:

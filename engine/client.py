@@ -1,6 +1,7 @@
 """The Python client for live tapes: `stream()` and `live()` with resume and back-off.
 
-It asks the server which exposures a signal has (`/_oke/exposures`), picks the
+It asks the server which exposures a signal has (`/_oke/exposures`, which lists those the
+caller's token passes; with none listed it asks the firehose, whose 401/403/404 says why), picks the
 auto-match one whose path params are the largest subset of the input (a tie
 needs `via`; a custom flow's exposure is used only when `via` names its flow or
 path), and follows it: reconnects send `Last-Event-ID` from the last id received (an
@@ -25,7 +26,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from .errors import OkeError
-from .http.routes import fill_path
+from .http.routes import fill_path, live_path
 from .signals import Signal
 
 BACKOFF_MIN_S = 0.5
@@ -134,6 +135,10 @@ class Client:
     async def path_for(self, client: httpx.AsyncClient, signal: str, params: dict[str, Any], via: str | None) -> str:
         """The URL path of the exposure to follow (SPEC §8 choice rule)."""
         exposures = [e for e in await self.exposures(client) if e["signal"] == signal]
+        if not exposures and via is None:
+            # the server lists only what this caller's gates let through: with none listed, ask the
+            # firehose's path and let the server say why (401/403 for a refused token, 404 for none)
+            return live_path(signal)
         chosen = _named(exposures, signal, via) if via is not None else _best_fit(exposures, signal, params)
         missing = [name for name in chosen["params"] if name not in params]
         if missing:

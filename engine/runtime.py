@@ -13,6 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .http.limits import DEFAULT_MAX_CONNECTIONS
+from .payloads import DEFAULT_MAX_PAYLOAD_BYTES
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -81,7 +84,8 @@ class HttpRuntime:
     the app), and outlives a stop and a start again, so it asks for the store on each use
     (`current_store`) rather than holding one. `start` boots the app (ASGI lifespan startup);
     `request_stop` sets the app's stop event, which `start()` renews; `heartbeat_s` is the SSE
-    heartbeat interval.
+    heartbeat interval; `max_payload_bytes` bounds a request body (plus 64 KiB) and
+    `max_connections` the open connections (engine/http/limits.py).
     """
 
     app_name: str
@@ -91,6 +95,8 @@ class HttpRuntime:
     emit: Emit
     heartbeat_s: float
     hooks: RunHooks | None = None  # what the metrics route reads of this process's handlers
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def store(self) -> Store | None:

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import re
+import select
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 from urllib.parse import quote, unquote
@@ -29,7 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine import Forbidden, Unauthorized, flow, gate, http, oke, on, signal
-from engine.client import Client, LiveResumeGap
+from engine.client import Client, ClientError, LiveResumeGap
 from engine.http.routes import live_path
 from livekit import serving
 from test_hostile_input import few, json_values, name_chars, normalised, same_json
@@ -184,8 +188,9 @@ def assert_gap_envelope(reply: Reply, signal_name: str, cursor: str) -> str:
     assert body["data"] is None
     error = body["error"]
     assert (error["code"], error["oke"]) == ("LiveResumeGap", 1210)
-    assert error["message"] == f'Cursor "{cursor}" missing on "{signal_name}".'
-    assert error["data"]["signal"] == signal_name and error["data"]["afterId"] == cursor
+    quoted = cursor[:128]  # a 410 quotes at most 128 characters of the cursor
+    assert error["message"] == f'Cursor "{quoted}" missing on "{signal_name}".'
+    assert error["data"]["signal"] == signal_name and error["data"]["afterId"] == quoted
     assert error["data"]["reason"] in ("malformed", "reset", "unknown", "pruned")
     return error["data"]["reason"]
 
@@ -479,8 +484,8 @@ async def _first_event(client: Client, name: str, timeout: float = 10.0) -> Any:
 
 
 async def check_names_served(s: Served, names: list[str]) -> None:
-    async with httpx.AsyncClient() as c:
-        exposures = (await c.get(s.base + "/_oke/exposures")).json()["data"]
+    async with httpx.AsyncClient() as c:  # gated exposures are listed to callers passing their gates
+        exposures = (await c.get(s.base + "/_oke/exposures", headers=AUTH)).json()["data"]
     paths = {e["signal"]: e["path"] for e in exposures if not e["custom"] and e["path"].startswith("/_oke/live/")}
     client = Client(s.base, token="s3cret")
     for name in names:
@@ -569,3 +574,322 @@ async def test_a_live_signal_with_a_200_character_name_boots(db_url, name):
     async with app, serving(app) as base:
         await app.emit(tape, {"n": 1})
         assert await _first_event(Client(base), name) == {"n": 1}
+
+
+# ------------------------------------------------------------------------------ what a request may cost
+
+LIMIT = 1_048_576 + 64 * 1024  # the default max_payload_bytes, plus 64 KiB for the JSON around a payload
+HEADER_TIMEOUT_S = 10.0  # the promise; the test waits it out rather than shorten it
+
+
+def counting_gate(name: str, calls: list[str], allowed: set[str]):
+    """A gate passing requests whose bearer token is in `allowed`; records each time it is asked."""
+    def check(request):
+        calls.append(name)
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if token not in allowed:
+            raise Unauthorized(f"{name}: missing or wrong token")
+        return {"gate": name}
+    return gate(name, check)
+
+
+@contextlib.asynccontextmanager
+async def limits_server(url: str, **options: Any) -> AsyncIterator[Served]:
+    feed = signal.live("feed")
+    on(http.live(feed).public())
+    on(http.post("/echo").public(), flow("echo", do=lambda v, fx: {"blob": len(v["blob"])}))
+    on(http.post("/vault").gate(gate("member", bearer)), flow("vault", do=lambda v, fx: {"ok": True}))
+    app = oke("limits", database_url=url, **options)
+    async with app, serving(app) as base:
+        yield Served(app, base, int(base.rsplit(":", 1)[1]), "", 0, 0)
+
+
+async def read_reply(reader: asyncio.StreamReader, timeout: float = 10.0) -> Reply:
+    """One response: the head, then a body of its Content-Length."""
+    async with asyncio.timeout(timeout):
+        raw = await reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = raw.decode("latin-1").split("\r\n")
+        found = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
+        body = await reader.readexactly(int(found.get("content-length", "0")))
+    return Reply(int(status_line.split(" ")[1]), found, body)
+
+
+async def closed_by_server(reader: asyncio.StreamReader, timeout: float) -> bool:
+    """True when the server ends the connection (EOF or reset) within `timeout` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            while await reader.read(65536):
+                pass
+        return True
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def rss_kb(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
+
+
+def reset_peak_rss() -> None:
+    """Start this process's VmHWM (peak RSS) over from its current RSS (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def too_large_envelope() -> dict:
+    return {"data": None, "error": {"code": "PayloadTooLarge",
+                                    "message": f"the request body is over {LIMIT} bytes (max_payload_bytes + 65536)"}}
+
+
+async def test_a_body_declared_over_the_limit_is_413_before_it_is_read(sqlite_url):
+    """Content-Length claims 100 MB and a little body follows: 413 at once, on a public route, a gated
+    one (before its gate) and no route at all, then the connection is closed; nothing waits for the
+    rest. An `Expect: 100-continue` client is refused without being told to send."""
+    async with limits_server(sqlite_url) as s:
+        reset_peak_rss()
+        before = rss_kb()
+        for target, extra in ((b"/echo", b""), (b"/vault", b""), (b"/nowhere", b""),
+                              (b"/echo", b"Expect: 100-continue\r\n")):
+            t0 = time.monotonic()
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            try:
+                writer.write(b"POST " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100000000\r\n" + extra + b"\r\n" + b'{"blob": "' + b"x" * 4000)
+                await writer.drain()
+                reply = await read_reply(reader)
+                assert time.monotonic() - t0 < 5, target
+                assert (reply.status, reply.headers["connection"]) == (413, "close"), (target, reply.status)
+                assert reply.json() == too_large_envelope()
+                assert await closed_by_server(reader, 5), target
+            finally:
+                writer.close()
+        assert rss_kb("VmHWM") - before < 30 * 1024
+        # the limit itself: max_payload_bytes + 64 KiB is served, one byte more is not
+        for size, status in ((LIMIT, 200), (LIMIT + 1, 413)):
+            blob = b"x" * (size - len(b'{"blob": ""}'))
+            reply = await raw_post(s.port, b'{"blob": "' + blob + b'"}')
+            assert reply.status == status, size
+            assert reply.json() == ({"data": {"blob": len(blob)}, "error": None} if status == 200
+                                    else too_large_envelope())
+
+
+async def raw_post(port: int, body: bytes) -> Reply:
+    head = b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    reply, _sent = await asyncio.to_thread(upload, port, head + b"Content-Length: %d\r\n\r\n" % len(body), [body])
+    return reply
+
+
+async def chunked_post(port: int, target: bytes, parts: Any, header: bytes = b"X-Nothing: 0") -> tuple[Reply, int]:
+    """POST a body in chunks without a length, stopping when the server answers; (reply, bytes sent)."""
+    head = (b"POST " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n" + header + b"\r\n\r\n")
+    framed = (b"%x\r\n" % len(part) + part + b"\r\n" for part in parts)
+    return await asyncio.to_thread(upload, port, head, itertools.chain(framed, [b"0\r\n\r\n"]))
+
+
+def upload(port: int, head: bytes, body: Any, timeout: float = 60.0) -> tuple[Reply, int]:
+    """Send `head` then the body's pieces on a plain blocking socket (in a thread) until they run
+    out or the server answers, then read the answer; (reply, body bytes sent).
+
+    A plain socket, because a server that refuses a body closes the connection with the rest of it
+    unread, and the kernel then resets it: an asyncio transport whose write hits that reset drops
+    the answer already received, while recv() still returns it (Linux keeps it queued)."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with contextlib.suppress(ConnectionError):
+            sock.sendall(head)
+            for piece in body:
+                if select.select([sock], [], [], 0)[0]:
+                    break  # the server answered before the body ended
+                sock.sendall(piece)
+                sent += len(piece)
+        data = b""
+        with contextlib.suppress(ConnectionError):
+            while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    raw, _, content = data.partition(b"\r\n\r\n")
+    status_line, *lines = raw.decode("latin-1").split("\r\n")
+    found = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
+    return Reply(int(status_line.split(" ")[1]), found, content), sent
+
+
+def _content_length(data: bytes) -> int:
+    found = re.search(rb"\r\ncontent-length: *([0-9]+)", data.split(b"\r\n\r\n", 1)[0], re.IGNORECASE)
+    return int(found.group(1)) if found else 0
+
+
+def json_blob(size: int, chunk: int = 64 * 1024) -> Any:
+    """A JSON object {"blob": "xxx…"} of `size` bytes, made chunk by chunk (never held whole)."""
+    inner = size - len(b'{"blob": ""}')
+    yield b'{"blob": "'
+    block = b"x" * chunk
+    for _ in range(inner // chunk):
+        yield block
+    yield b"x" * (inner % chunk) + b'"}'
+
+
+async def test_a_streamed_body_is_counted_and_refused_at_the_limit(sqlite_url):
+    """A chunked body (no Content-Length) within the limit is served; one of 100 MB is answered 413
+    once it passes the limit, the connection closed, and the process's peak RSS stays small."""
+    async with limits_server(sqlite_url) as s:
+        reply, _sent = await chunked_post(s.port, b"/echo", json_blob(LIMIT))
+        assert reply.json() == {"data": {"blob": LIMIT - len(b'{"blob": ""}')}, "error": None}
+        reset_peak_rss()
+        before = rss_kb()
+        t0 = time.monotonic()
+        reply, sent = await chunked_post(s.port, b"/echo", json_blob(100_000_000))
+        elapsed = time.monotonic() - t0
+        growth_kb = rss_kb("VmHWM") - before
+        assert (reply.status, reply.headers["connection"]) == (413, "close"), reply.status
+        assert reply.json() == too_large_envelope()
+        assert sent < 40_000_000, sent  # the limit, and what the sockets' buffers took before the answer
+        assert growth_kb < 30 * 1024, f"peak RSS grew {growth_kb / 1024:.0f} MB"
+        assert elapsed < 15, elapsed
+        # a gated route: refused by its gate before the body is read, or counted once the gate passes
+        reply, _sent = await chunked_post(s.port, b"/vault", json_blob(100_000_000))
+        assert reply.status == 401
+        reply, sent = await chunked_post(s.port, b"/vault", json_blob(100_000_000), b"Authorization: " + TOKEN.encode())
+        assert (reply.status, reply.json()) == (413, too_large_envelope()) and sent < 40_000_000
+
+
+async def test_headers_not_complete_within_10_s_end_the_connection(sqlite_url):
+    """Slowloris, three ways, at once: 50 connections that send a request line and a header but
+    never the blank line, 10 that send nothing, and a keep-alive connection whose second request
+    trickles in a byte a second (each byte inside uvicorn's 5 s keep-alive). Each is closed 10 s
+    after its request was due; a complete request is served meanwhile."""
+    async with limits_server(sqlite_url) as s:
+        opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+        async def watch(reader: asyncio.StreamReader, since: float) -> float:
+            assert await closed_by_server(reader, HEADER_TIMEOUT_S + 20)
+            return time.monotonic() - since
+
+        async def half_sent(head: bytes) -> float:
+            t0 = time.monotonic()
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            opened.append((reader, writer))
+            writer.write(head)
+            await writer.drain()
+            return await watch(reader, t0)
+
+        async def trickling() -> float:
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            opened.append((reader, writer))
+            writer.write(b"GET /_oke/exposures HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await read_reply(reader)).status == 200
+            t0 = time.monotonic()
+            closed = asyncio.create_task(watch(reader, t0))
+            with contextlib.suppress(ConnectionError):
+                for byte in b"GET /_oke/exposures HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"z" * 100:
+                    await asyncio.sleep(1.0)
+                    if closed.done():
+                        break
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+            return await closed
+
+        try:
+            waits = [half_sent(b"GET /_oke/exposures HTTP/1.1\r\nHost: 127.0.0.1\r\n") for _ in range(50)]
+            waits += [half_sent(b"") for _ in range(10)]
+            waits.append(trickling())
+            everyone = asyncio.gather(*waits)
+            await asyncio.sleep(1.0)
+            served = await exchange(s.port, b"/_oke/exposures")  # the server still serves
+            assert served.status == 200
+            closed_after = await everyone
+        finally:
+            for _reader, writer in opened:
+                writer.close()
+        assert min(closed_after) >= HEADER_TIMEOUT_S - 0.5, min(closed_after)
+        assert max(closed_after) < HEADER_TIMEOUT_S + 15, max(closed_after)
+
+
+async def open_stream(port: int, target: bytes = b"/_oke/live/feed") -> tuple[int, asyncio.StreamWriter]:
+    """Open a request on its own connection; (status, writer): a 200 stream stays open until closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), writer
+
+
+async def test_max_connections_counts_sse_streams_and_the_one_over_gets_503(sqlite_url):
+    async with limits_server(sqlite_url, max_connections=3) as s:
+        streams = [await open_stream(s.port) for _ in range(3)]
+        assert [status for status, _w in streams] == [200, 200, 200]
+        refused = await exchange(s.port, b"/_oke/live/feed")  # a fourth connection: over the limit
+        assert refused.status == 503
+        assert (await exchange(s.port, b"/_oke/exposures")).status == 503  # whatever it asks
+        status, writer = streams.pop()
+        writer.close()  # one stream ends: its place is free again
+        async with asyncio.timeout(10):
+            while True:
+                status, writer = await open_stream(s.port)
+                if status == 200:
+                    break
+                writer.close()
+                await asyncio.sleep(0.05)
+        streams.append((status, writer))
+        assert (await exchange(s.port, b"/_oke/live/feed")).status == 503
+        for _status, writer in streams:
+            writer.close()
+
+
+async def test_exposures_list_only_what_the_callers_gates_let_through(sqlite_url):
+    calls: list[str] = []
+    member = counting_gate("member", calls, {"m-token", "a-token"})
+    admin = counting_gate("admin", calls, {"a-token"})
+    status = signal.live("order-status")
+    news = signal.live("news")
+    on(http.live(status).gate(member))
+    on(http.get("/orders/:orderId/events").gate(member).live(status))
+    on(http.get("/admin/feed").gate(member, admin).live(status))
+    on(http.live(news).public())
+    on(http.get("/news/top").public().live(news), flow("news.top", do=lambda v, fx: fx.live(news)))
+    app = oke("gated", database_url=sqlite_url)
+    async with app, serving(app) as base, httpx.AsyncClient() as c:
+        await app.emit(status, {"orderId": "o1"})
+
+        async def listed(token: str | None) -> tuple[set[str], bytes]:
+            calls.clear()
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = await c.get(base + "/_oke/exposures", headers=headers)
+            assert response.status_code == 200
+            assert sorted(calls) == sorted(set(calls)), calls  # each gate asked at most once a listing
+            return {e["path"] for e in response.json()["data"]}, response.content
+
+        public = {"/_oke/live/news", "/news/top"}
+        for anonymous in (None, "wrong"):
+            paths, raw = await listed(anonymous)
+            assert paths == public
+            for secret in (b"order-status", b"/orders", b"/admin", b"member", b"admin"):
+                assert secret not in raw, secret  # nothing of a gated route, not even its gate's name
+        assert (await listed("m-token"))[0] == public | {"/_oke/live/order-status", "/orders/:orderId/events"}
+        assert (await listed("a-token"))[0] == public | {"/_oke/live/order-status", "/orders/:orderId/events",
+                                                         "/admin/feed"}
+        # the Python client finds the gated exposure with its token; without one the server says 401
+        assert await _first_event(Client(base, token="m-token"), "order-status") == {"orderId": "o1"}
+        with pytest.raises(ClientError) as refused:
+            await _first_event(Client(base, token="wrong"), "order-status")
+        assert refused.value.status == 401
+
+
+async def test_a_410_quotes_at_most_128_characters_of_the_cursor(served):
+    long_cursor = "z" * 100 + "ü" * 50 + "\u202e" * 10 + "9" * 8000
+    for headers, target in (([(b"Authorization", TOKEN.encode()), (b"Last-Event-ID", long_cursor.encode())],
+                             b"/_oke/live/order-status"),
+                            ([(b"Authorization", TOKEN.encode())],
+                             b"/_oke/live/order-status?lastEventId=" + quote(long_cursor).encode())):
+        reply = await exchange(served.port, target, headers)
+        assert reply.status == 410
+        error = reply.json()["error"]
+        cursor = long_cursor if b"?" in target else long_cursor.encode().decode("latin-1")
+        assert error["data"]["afterId"] == cursor[:128] and len(error["data"]["afterId"]) == 128
+        assert error["message"] == f'Cursor "{cursor[:128]}" missing on "order-status".'
+        assert len(reply.body) < 1024, len(reply.body)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import re
 import time
 
 import asyncpg
@@ -210,7 +211,7 @@ async def test_exposures_differing_in_gates_or_match_boot(db_url):
     on(http.get("/orders/late/events").gate(m).live(status),
        flow("orders.late", do=lambda _in, fx: fx.live(status)))  # custom:orders.late
     async with oke("shop", database_url=db_url) as app, serving(app) as base, httpx.AsyncClient() as c:
-        exposures = (await c.get(f"{base}/_oke/exposures")).json()["data"]
+        exposures = (await c.get(f"{base}/_oke/exposures", headers=ADMIN)).json()["data"]
     # the exposures list tells a client each one's match and, for a custom one, its flow
     assert sorted((e["path"], e["match"], e["custom"], e["flow"]) for e in exposures) == [
         ("/_oke/live/order-status", "(firehose)", False, None),
@@ -984,3 +985,12 @@ async def test_a_filtered_stream_coalesces_too_and_keeps_only_its_events(db_url)
     wanted = [i for n, i in enumerate(early + later) if n % 3]
     assert [f.id for f in replayed + followed] == wanted
     assert [f.value["n"] for f in replayed + followed] == [n for n in range(330) if n % 3]
+
+
+# ------------------------------------------------------------------------------------ limits
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "100", None, True])
+def test_max_connections_below_1_or_not_an_int_is_a_value_error_at_oke(tmp_path, bad):
+    with pytest.raises(ValueError, match=r"^oke\(max_connections=\.\.\.\): an int ≥ 1 .*got " + re.escape(repr(bad))):
+        oke("shop", database_url=f"sqlite+aiosqlite:///{tmp_path}/oke.db", max_connections=bad)
+

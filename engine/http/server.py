@@ -23,13 +23,15 @@ from ..live.hub import HubRegistry
 from ..live.stream import REPLAY_BATCH, StreamControl, live_stream
 from ..ops.records import to_json
 from ..store.outage import describe, is_outage
-from .routes import HttpError, Route, check_routes, exposure_match, param_match
+from .limits import BodyLimit, PayloadTooLarge
+from .routes import Gate, HttpError, Route, check_routes, exposure_match, param_match
 
 if TYPE_CHECKING:
     from ..runtime import HttpRuntime
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 MAX_TAIL = 10_000
+MAX_CURSOR_ECHO = 128  # characters of a refused cursor that a 410 quotes back
 _TAIL = re.compile(r"[0-9]{1,9}")
 
 
@@ -45,13 +47,24 @@ def envelope(
 
 
 def resume_gap(signal: str, cursor: str, gap: tape.Gap) -> JSONResponse:
+    """The 410 for a cursor the tape cannot honour; it quotes at most 128 characters of the cursor
+    (a header may hold kilobytes of anything, and the answer need not carry them back)."""
+    quoted = cursor[:MAX_CURSOR_ECHO]
     return envelope(
         410,
         "LiveResumeGap",
-        f'Cursor "{cursor}" missing on "{signal}".',
+        f'Cursor "{quoted}" missing on "{signal}".',
         oke=1210,
-        data={"signal": signal, "afterId": cursor, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
+        data={"signal": signal, "afterId": quoted, "reason": gap.reason, "firstId": gap.first_id, "missed": gap.missed},
     )
+
+
+def too_large(err: PayloadTooLarge) -> JSONResponse:
+    """The 413 envelope, with `Connection: close`: uvicorn then drops the socket instead of reading
+    (and discarding) the rest of the body."""
+    response = envelope(err.status, err.code, err.message)
+    response.headers["Connection"] = "close"
+    return response
 
 
 @dataclass(frozen=True)
@@ -191,8 +204,15 @@ class HttpServer:
 
         uvicorn waits for open connections before it returns; SSE streams never end by themselves,
         so without this a signal would wait out the graceful timeout and cut them without [DONE].
+
+        Its limits: request headers within 10 s (engine/http/protocol.py), and `max_connections`
+        by uvicorn's `limit_concurrency`, which answers 503 to a request that arrives while that many
+        connections are open (idle, half-sent and streaming ones alike) or that many requests run.
+        It counts the asking connection too, hence N + 1: N connections are served, one more is not.
         """
         import uvicorn
+
+        from .protocol import HeaderDeadlineProtocol
 
         http = self
 
@@ -209,7 +229,15 @@ class HttpServer:
                 super().handle_exit(sig, frame)
 
         config = uvicorn.Config(
-            self, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, **options
+            self,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            http=HeaderDeadlineProtocol,
+            limit_concurrency=self.runtime.max_connections + 1,
+            **options,
         )
         return Server(config)
 
@@ -219,7 +247,11 @@ class HttpServer:
             return
         if scope["type"] != "http":
             return
-        response = await self._dispatch(Request(scope, receive))
+        body = BodyLimit(self.runtime.max_payload_bytes)
+        if body.declared_over(scope):  # refused before any route, gate or read
+            response: Response = too_large(PayloadTooLarge(body.limit))
+        else:
+            response = await self._dispatch(Request(scope, body.counting(receive)))
         await response(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -248,7 +280,7 @@ class HttpServer:
                 if len(segments) == 3 and segments[1] == "live":
                     return await self._firehose(request, segments[2])
                 if segments == ["_oke", "exposures"] and request.method == "GET":
-                    return JSONResponse({"data": self.exposures(), "error": None})
+                    return JSONResponse({"data": await self.exposures(request), "error": None})
                 if segments == ["_oke", "metrics"] and self.metrics_route is not None:
                     return await self._scrape(request, self.metrics_route)
                 return PlainTextResponse("Not Found", status_code=404)
@@ -263,6 +295,8 @@ class HttpServer:
             if allowed:
                 return PlainTextResponse("Method Not Allowed", status_code=405)
             return PlainTextResponse("Not Found", status_code=404)
+        except PayloadTooLarge as err:  # a body counted past the limit as a gate or a route read it
+            return too_large(err)
         except HttpError as err:
             return envelope(err.status, err.code, err.message)
         except StoreUnavailable as err:  # the database is away: say so, and when to come back
@@ -272,12 +306,18 @@ class HttpServer:
         except UnicodeDecodeError:
             return envelope(400, "BadRequest", "the path is not valid UTF-8 once decoded")
 
-    def exposures(self) -> list[dict[str, Any]]:
-        """Live exposures for clients choosing a path by their params."""
+    async def exposures(self, request: Request) -> list[dict[str, Any]]:
+        """Live exposures for clients choosing a path by their params: those whose gates this caller
+        passes (public ones to anyone), so a caller learns nothing of a route it may not open.
+
+        Each gate is asked as a live request asks it, once per listing however many exposures
+        share it; a gate's Unauthorized or Forbidden (any HttpError) hides its exposures.
+        """
+        verdicts: dict[int, bool] = {}  # id(gate) -> passed
         out = []
         for b in self.firehoses_and_routes():
             route: Route = b.trigger
-            if route.live_signal is None:
+            if route.live_signal is None or not await self._admits(route, request, verdicts):
                 continue
             custom = b.flow.do is not None
             out.append(
@@ -295,13 +335,21 @@ class HttpServer:
         return out
 
     async def _pass_gates(self, route: Route, request: Request) -> dict[str, Any]:
-        identities: dict[str, Any] = {}
+        return {g.name: await _ask(g, request) for g in route.gates}
+
+    async def _admits(self, route: Route, request: Request, verdicts: dict[int, bool]) -> bool:
         for g in route.gates:
-            result = g.check(request)
-            if inspect.isawaitable(result):
-                result = await result
-            identities[g.name] = result
-        return identities
+            if id(g) not in verdicts:
+                try:
+                    await _ask(g, request)
+                    verdicts[id(g)] = True
+                except PayloadTooLarge:
+                    raise
+                except HttpError:
+                    verdicts[id(g)] = False
+            if not verdicts[id(g)]:
+                return False
+        return True
 
     async def _scrape(self, request: Request, route: Route) -> Response:
         """The Prometheus exposition, behind the route's gates (engine/http/metrics.py)."""
@@ -448,6 +496,14 @@ class HttpServer:
             page_head=state.head,
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _ask(g: Gate, request: Request) -> Any:
+    """The gate's identity for this request; it raises Unauthorized / Forbidden to refuse."""
+    result = g.check(request)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
 
 
 def _tail(request: Request) -> int | None:
