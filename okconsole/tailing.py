@@ -54,9 +54,9 @@ class TailOptions:
 
 
 class UnknownTape(LookupError):
-    def __init__(self, signal: str, known: list[str], where: str = "live signals") -> None:
+    def __init__(self, signal: str, known: list[str], where: str = "live signals", hint: str = "") -> None:
         listed = ", ".join(known) if known else "none"
-        super().__init__(f'unknown live signal "{signal}" ({where}: {listed})')
+        super().__init__(f'unknown live signal "{signal}" ({where}: {listed}){hint}')
 
 
 class TailFailed(RuntimeError):
@@ -193,7 +193,9 @@ async def probe_server(base_url: str, token: str | None, signal: str, bound: flo
     if response.status_code >= 400:
         raise TailFailed(f"{base_url} answered HTTP {response.status_code} to GET /_oke/exposures")
     if signal not in exposed:
-        raise UnknownTape(signal, exposed, f"exposed at {base_url}")
+        # the server lists only the exposures the caller's gates let through
+        hint = "pass the --token its gate accepts" if token is None else "this --token does not pass its gate"
+        raise UnknownTape(signal, exposed, f"exposed at {base_url}", f"; if it is gated, {hint}")
 
 
 async def _opened_within(pump: asyncio.Future[None], opened: asyncio.Event, bound: float, base_url: str) -> None:

@@ -270,6 +270,8 @@ def test_tail_url_whose_stream_never_opens_exits_1(tmp_path):
     assert done.returncode == 1 and "within 1 s: the stream did not open" in done.stderr, done.stderr
     assert unknown.returncode == 2  # an okengine server that does not expose it: the signal is unknown
     assert f'unknown live signal "nope" (exposed at http://127.0.0.1:{port}: ticks)' in unknown.stderr
+    # the server lists only what the caller's gates let through: a gated signal is not listed without a token
+    assert "if it is gated, pass the --token its gate accepts" in unknown.stderr
 
 
 def test_tail_url_of_a_server_that_is_not_okengine_says_so(tmp_path):

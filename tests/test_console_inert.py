@@ -221,6 +221,17 @@ class Terminal:
     def press(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
+    def press_until(self, keys: str, marker: bytes, tries: int = 3) -> None:
+        """Press `keys` until `marker` shows (again after 20 s, at most `tries` times)."""
+        for left in range(tries - 1, -1, -1):
+            self.press(keys)
+            try:
+                self.read_until(marker, timeout=20)
+                return
+            except AssertionError:
+                if not left or self.proc.poll() is not None:
+                    raise
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.press("q")
@@ -258,8 +269,8 @@ def visit_in_terminal(terminal: Terminal) -> AssertionError | None:
         terminal.settle(2)
         terminal.press("\x1b")
         terminal.read_until(b"newest first")
-        terminal.press("d")
-        terminal.read_until(b"4 dead")
+        terminal.settle(1)  # a key pressed while the screen is still switching is lost on a loaded machine
+        terminal.press_until("d", b"4 dead")
         terminal.settle(2)
         assert terminal.proc.poll() is None, "the console exited"
     except AssertionError as lost:
