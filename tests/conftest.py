@@ -48,16 +48,21 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 
 
+def _start_or_skip(service, what: str) -> None:
+    """Start a server the tests need; without it they skip locally and fail in CI."""
+    try:
+        service.start()
+    except (PgClusterError, OSError) as e:
+        reason = f"{what} unavailable: {e}"
+        if _in_ci():
+            pytest.fail(f"{reason} (CI=true: {what} tests must not be skipped)", pytrace=False)
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def pg_cluster():
     cluster = PgCluster()
-    try:
-        cluster.start()
-    except (PgClusterError, OSError) as e:
-        reason = f"PostgreSQL unavailable: {e}"
-        if _in_ci():
-            pytest.fail(f"{reason} (CI=true: PostgreSQL tests must not be skipped)", pytrace=False)
-        pytest.skip(reason)
+    _start_or_skip(cluster, "PostgreSQL")
     try:
         yield cluster
     finally:
@@ -76,13 +81,7 @@ def pg_url(pg_cluster: PgCluster):
 
 def _pgbouncer(cluster: PgCluster, pool_mode: str):
     bouncer = PgBouncer(cluster, pool_mode=pool_mode)
-    try:
-        bouncer.start()
-    except (PgClusterError, OSError) as e:
-        reason = f"PgBouncer unavailable: {e}"
-        if _in_ci():
-            pytest.fail(f"{reason} (CI=true: PgBouncer tests must not be skipped)", pytrace=False)
-        pytest.skip(reason)
+    _start_or_skip(bouncer, "PgBouncer")
     try:
         yield bouncer
     finally:
