@@ -62,7 +62,12 @@ class Browser(Chromium):
                 return message.get("result", {})
 
     async def screen(self) -> str:
-        return await self.evaluate(SCREEN_TEXT)
+        """The terminal's rows; empty while the page is still loading (its first document, redirected
+        to drop the token, is replaced under a call made to it)."""
+        answer = await self.call("Runtime.evaluate", {"expression": SCREEN_TEXT, "returnByValue": True})
+        if "exceptionDetails" in answer:
+            return ""
+        return answer.get("result", {}).get("value") or ""
 
     async def wait_text(self, *needles: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout

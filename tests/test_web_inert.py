@@ -20,7 +20,7 @@ import time
 from hostilekit import HOSTILE, HOSTILE_ERROR, HOSTILE_KEY, assert_inert, visible
 from hostilestore import SIGNAL, TAPE, seed_hostile
 from test_browser import chromium  # noqa: F401  (the fixture: skip without Chromium, fail in CI)
-from test_web import CATCH_TERMINAL, SCREEN_TEXT, Browser
+from test_web import CATCH_TERMINAL, Browser
 from webkit import TOKEN, WebConsole
 
 from engine.display import json_text
@@ -82,12 +82,7 @@ class Page:
         raise AssertionError(f"{needles} (without {absent}) not on the page's terminal; it shows:\n{text}")
 
     async def text(self) -> str:
-        """The terminal's rows; empty while the page is still loading (its first document, redirected
-        to drop the token, is replaced under a call made to it)."""
-        answer = await self.browser.call("Runtime.evaluate", {"expression": SCREEN_TEXT, "returnByValue": True})
-        if "exceptionDetails" in answer:
-            return ""
-        return answer.get("result", {}).get("value") or ""
+        return await self.browser.screen()
 
     async def key(self, key: str, code: int, text: str = "") -> None:
         """A named key (Enter, Escape) as the browser sends it: xterm.js reads its key code."""
