@@ -241,9 +241,10 @@ class Store(abc.ABC):
         """Take this worker's offer back: no emit hands it anything after this returns."""
         return None
 
-    async def handed(self, worker_id: str, seq: int) -> list[Claimed]:
-        """The message `seq` handed to this worker, as a claim returns it; [] if it holds it no more."""
-        return []
+    async def handed(self, worker_id: str, seq: int) -> tuple[list[Claimed], int | None]:
+        """The message `seq` handed to this worker, as a claim returns it ([] if it holds it no
+        more), and the ms its lease has left by the store's lease clock (None with no message)."""
+        return [], None
 
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         """Run a held lease again from now, fenced like a settle. A message claimed ahead that

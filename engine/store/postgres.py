@@ -427,11 +427,14 @@ class PostgresStore(Store):
         async with self.hot.connection() as conn:
             await conn.execute(WITHDRAW, worker_id)
 
-    async def handed(self, worker_id: str, seq: int) -> list[Claimed]:
+    async def handed(self, worker_id: str, seq: int) -> tuple[list[Claimed], int | None]:
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
-            rows = await conn.fetch(HANDED, seq, worker_id)
-        return [Claimed(*row) for row in rows]
+            row = await conn.fetchrow(HANDED, seq, worker_id)
+        if row is None:
+            return [], None
+        *columns, lease_left_ms = row.values()
+        return [Claimed(*columns)], lease_left_ms
 
     def _on_tape_notice(self, payload: str) -> None:
         if not payload:  # the LISTEN connection came back: anything may have happened

@@ -56,18 +56,20 @@ class Handoff(ClaimAhead):
     def _handed(self, seq: int) -> None:
         """An emit took the offer and handed this pool message `seq` (called on the LISTEN connection)."""
         self.offered_at = float("-inf")  # consumed: the next offer is a new one
-        task = asyncio.get_running_loop().create_task(self._take(seq, time.monotonic()), name="oke-take")
+        task = asyncio.get_running_loop().create_task(self._take(seq), name="oke-take")
         self.takes.add(task)
         task.add_done_callback(self.takes.discard)
 
-    async def _take(self, seq: int, noticed_at: float) -> None:
-        """Read the handed message and start it; a stopping pool hands it back instead. Its lease
-        counts from `noticed_at`, when its take notice arrived (leases.py): the earliest this worker
-        knows of it, though the emit's statement began the lease a moment before, ahead of its
-        commit and the notice."""
+    async def _take(self, seq: int) -> None:
+        """Read the handed message and start it; a stopping pool hands it back instead. The emit
+        began its lease before its commit and the take notice (which a slow link delays), so the
+        read says how much is left by the store's clock; counted from before the read was sent, the
+        worker never reckons more than there is, and a message with less than leases.py's share
+        left is renewed before its handler starts, as a claimed-ahead one is."""
         worker_id = self.runtime.worker_id
+        sent_at = time.monotonic()
         try:
-            batch = await self.store.handed(worker_id, seq)
+            batch, lease_left_ms = await self.store.handed(worker_id, seq)
             if batch and (self.stopping or self.runtime.stop.is_set()):
                 await self.store.hand_back(worker_id, batch)
                 return
@@ -77,8 +79,8 @@ class Handoff(ClaimAhead):
             log.warning("could not read handed message %d (%s: %s); it is reclaimed after its lease", seq,
                         type(err).__name__, err)  # fmt: skip
             return
-        if batch:
-            self._start(batch, noticed_at)
+        if batch and lease_left_ms is not None:
+            self._start(batch, sent_at + (lease_left_ms - self.runtime.lease_ms) / 1000)
         await asyncio.sleep(0)  # a fast handler ends before the pool offers itself again
         if self.lane_listening:
             await self._offer_idle()

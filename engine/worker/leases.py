@@ -10,7 +10,7 @@ and one that starts right away after its claim pays nothing for this.
 The worker judges it by its own monotonic clock, never by the store's: a lease counts from just
 before the claim (or renewal) that took it was sent, which is never later than the store's own
 start of that lease, so the handler has at least what the worker reckons. (A message an emit
-hands to an idle pool counts from when its take notice arrived: handoff.py.)
+hands to an idle pool counts from what the store says is left of it when it is read: handoff.py.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from engine import flow, signal
 from engine.runtime import Runtime
 from engine.store import Claimed
 from engine.telemetry import RunHooks
-from engine.worker import WorkerPool, claim_ahead, running
+from engine.worker import WorkerPool, claim_ahead, handoff, running
 from engine.worker.leases import START_LEASE_SHARE, START_RENEWALS, start_by
 from engine.worker.route import Route
 
@@ -57,6 +57,13 @@ class Store:
         self.handed_back += [c.id for c in unstarted]
         return len(unstarted)
 
+    async def handed(self, worker_id: str, seq: int) -> tuple[list[Claimed], int | None]:
+        """An emit handed this worker message "handed", whose lease has `handed_left_ms` left by the
+        store's clock when it is read (less than a whole lease when the take notice came late)."""
+        return [Claimed(seq, "handed", QUEUE, QUEUE, "unit.w", None, '"handed"', 1, None)], self.handed_left_ms
+
+    handed_left_ms = LEASE_MS
+
 
 class Run:
     """One pool of one slot on `store`: the message "first" holds the slot until `release()`, the
@@ -66,6 +73,7 @@ class Run:
         self.clock = Clock()
         monkeypatch.setattr(running, "time", self.clock)
         monkeypatch.setattr(claim_ahead, "time", self.clock)
+        monkeypatch.setattr(handoff, "time", self.clock)
         self.events: list[tuple[str, str]] = []
         self.store = Store(self.events, holds)
         self.gate = asyncio.Event()
@@ -164,3 +172,19 @@ async def test_a_message_renewed_while_the_pool_stops_is_handed_back_not_started
     await run.release(waited_share=0.5)
     assert run.events == [("start", "first"), ("renew", "second")], run.events
     assert run.store.handed_back == ["second"] and run.pool.held == 0
+
+
+@pytest.mark.parametrize(("left_share", "renewed"), [(0.95, False), (0.5, True)])
+async def test_a_handed_message_starts_on_what_the_store_says_is_left_of_its_lease(
+    monkeypatch: pytest.MonkeyPatch, left_share: float, renewed: bool
+) -> None:
+    """An emit begins a handed message's lease before its commit and the take notice: on a slow
+    link the notice comes late, and the read says so. Under 90 % left, it is renewed first."""
+    run = Run(monkeypatch)
+    run.store.handed_left_ms = int(LEASE_MS * left_share)
+    async with asyncio.timeout(5):
+        await run.pool._take(7)
+        while run.pool.running:
+            await asyncio.gather(*run.pool.running)
+    renewal = [("renew", "handed")] if renewed else []
+    assert run.events == [*renewal, ("start", "handed")]

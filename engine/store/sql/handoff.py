@@ -62,8 +62,10 @@ ON CONFLICT (worker_id) DO UPDATE
 WITHDRAW = "DELETE FROM oke_idle_workers WHERE worker_id = $1"
 
 # $1 seq, $2 worker: the message handed over, as a claim returns it (still held: nobody took it over).
+# The handed message as a claim returns it, and the ms its lease has left by the lease clock: the
+# emit began the lease before its commit and the take notice, which may arrive late on a slow link.
 HANDED = f"""
-SELECT {", ".join(CLAIMED_COLUMNS)}
+SELECT {", ".join(CLAIMED_COLUMNS)}, lease_expires_at - {_CLOCK}
   FROM oke_messages WHERE seq = $1 AND locked_by = $2 AND status = 'inflight'
 """
 
