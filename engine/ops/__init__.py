@@ -31,7 +31,7 @@ from . import doctor as _doctor
 from . import history as _history
 from . import trace as _trace
 from . import workers as _workers
-from .doctor import DUE_AFTER_MS, DoctorCheck
+from .doctor import DUE_AFTER_MS
 from .history import HistoryPoint
 from .records import (
     STATUSES,
@@ -42,6 +42,7 @@ from .records import (
     CancelPreview,
     DeadLetter,
     Deleted,
+    DoctorCheck,
     EmittedMessage,
     Failure,
     FailureGroup,

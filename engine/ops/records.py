@@ -378,3 +378,12 @@ def to_json(record: Any) -> Any:
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         return dataclasses.asdict(record)
     return record
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One finding of `okconsole doctor`: the check's name, "ok" / "warn" / "fail", and what to do."""
+
+    check: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str
