@@ -1,6 +1,10 @@
 """The history screen's numbers: a signal's per-minute counts (ops.history) as rates per second
 over a chart window, every minute of the window present (minutes before the first recorded one,
-or never flushed, are zeros)."""
+or never flushed, are zeros).
+
+The current minute is unfinished: its count divided by 60 s would climb from 0 to the real rate
+every minute, so it is divided by the part of the minute that has elapsed (at least
+MIN_ELAPSED_S, so the first second of a minute does not turn one message into a spike)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ MINUTE_MS = 60_000
 # key -> (label, minutes): the windows the screen switches between
 WINDOWS = {"1": ("15 min", 15), "2": ("1 h", 60), "3": ("24 h", 24 * 60), "4": ("7 d", 7 * 24 * 60)}
 SERIES = (("delivered", "delivered/s"), ("failed", "failed/s"), ("dead", "dead/s"))
+MIN_ELAPSED_S = 5.0  # the apps flush their counts every 5 s: a shorter span is mostly noise
 
 
 @dataclass(frozen=True)
@@ -43,12 +48,21 @@ def window_start(now_ms: int, minutes: int) -> int:
     return now_ms - now_ms % MINUTE_MS - (minutes - 1) * MINUTE_MS
 
 
+def seconds_of(at: int, now_ms: int) -> float:
+    """The span a minute's count was gathered over: 60 s, or the elapsed part of the current one."""
+    elapsed = (now_ms - at) / 1000
+    return 60.0 if elapsed >= 60 else max(elapsed, MIN_ELAPSED_S)
+
+
 def series(points: Sequence[HistoryPoint], now_ms: int, minutes: int) -> list[Series]:
-    """delivered/s, failed/s and dead/s for every minute of the window (count / 60 s)."""
+    """delivered/s, failed/s and dead/s for every minute of the window (count / its seconds)."""
     first = window_start(now_ms, minutes)
     by_minute = {p.at: p for p in points}
     minutes_at = [first + i * MINUTE_MS for i in range(minutes)]
     return [
-        Series(label, [getattr(by_minute[at], name) / 60 if at in by_minute else 0.0 for at in minutes_at])
+        Series(
+            label,
+            [getattr(by_minute[at], name) / seconds_of(at, now_ms) if at in by_minute else 0.0 for at in minutes_at],
+        )
         for name, label in SERIES
     ]

@@ -85,7 +85,7 @@ def cell(value: Any) -> str:
 
 
 NUMERIC = ("Pending", "Inflight", "Delivered", "Dead", "Attempts", "Attempt", "Count", "Lag")
-NUMERIC += ("Emitted", "Failed", "Pruned")
+NUMERIC += ("Emitted", "Failed", "Pruned", "Kept", "Ev/s")
 
 
 def _grid(
@@ -102,6 +102,7 @@ def _grid(
 
 # -- one renderer per command -------------------------------------------------------------------
 def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
+    """A queue's counts by status; a live signal has none (—), its tape's Kept, Ev/s and Head instead."""
     if not rows:
         out.print(f"No signals recorded in {rich_markup(db)} yet.")
         return
@@ -113,24 +114,28 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
         "Delivered",
         "Dead",
         "Lag",
+        "Kept",
+        "Ev/s",
         "Paused",
+        "Head",
         "Description",
         crop=("Description",),
-        drop=("Description", "Kind"),
+        drop=("Description", "Head", "Kind"),
     )
     for r in rows:
-        table.add(
-            rich_markup(r.signal),
-            rich_markup(r.kind),
-            str(r.pending),
-            str(r.inflight),
-            str(r.delivered),
-            f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0",
-            duration(r.lag_ms),
-            f"[{PAUSED_STYLE}]yes[/]" if r.paused else "no",
-            cell(r.description),
-        )
+        table.add(rich_markup(r.signal), rich_markup(r.kind), *_stats_figures(r), cell(r.description))
     render(out, table)
+
+
+def _stats_figures(r: SignalStats) -> list[str]:
+    """Pending … Head of one stats row."""
+    paused = f"[{PAUSED_STYLE}]yes[/]" if r.paused else "no"
+    if r.kind == "live":
+        rate = f"{r.events_per_s:.1f}" if r.events_per_s is not None else "—"
+        return ["—", "—", "—", "—", "—", str(r.kept or 0), rate, paused, rich_markup(r.head or "—")]
+    dead = f"[{DEAD_STYLE}]{r.dead}[/]" if r.dead else "0"
+    counts = [str(r.pending), str(r.inflight), str(r.delivered), dead]
+    return [*counts, duration(r.lag_ms), "—", "—", paused, "—"]
 
 
 def render_history(out: Console, signal: str, rows: list[HistoryPoint]) -> None:

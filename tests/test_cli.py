@@ -129,7 +129,7 @@ def test_stats_json_and_table(db_url, shop):
     assert set(got) == {"shop.email", "shop.audit", "shop.idle"}
     for r in rows:
         assert set(r) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead", "lag_ms",
-                          "flows", "paused", "scheduled"}
+                          "flows", "paused", "scheduled", "kept", "head", "events_per_s"}
     assert {k: got["shop.email"][k] for k in ("kind", "pending", "inflight", "delivered", "dead", "lag_ms")} == \
         {"kind": "once", "pending": 0, "inflight": 0, "delivered": 2, "dead": 2, "lag_ms": None}
     assert got["shop.idle"]["delivered"] == 0 and got["shop.audit"]["delivered"] == 1
@@ -256,6 +256,29 @@ def test_replay_refuses_without_yes_off_a_terminal_and_under_read_only(db_url, s
     dry = as_json(cli("--db", db_url, "--read-only", "replay", "shop.email", "--all", "--dry-run", "--json"))
     assert dry == {"replayed": 0, "would_replay": 2, "ids": [ids["bad1"], ids["bad2"]]}
     assert dead_count(db_url) == 2
+
+
+def test_stats_of_a_live_signal_shows_its_tape_not_zeros(db_url):
+    """30 events in the last minute: kept 30, the newest id, 0.5 events/s (over the minute); the
+    table says so too, and shows no queue counts for it (a tape has none)."""
+    ticks = signal.live("t.ticks", retention={"max_count": 1000}, optional=True)
+
+    async def emit() -> None:
+        async with oke("t", database_url=db_url, bindings=[]) as engine_app:
+            for n in range(30):
+                await engine_app.emit(ticks, {"n": n})
+
+    asyncio.run(emit())
+    [row] = [r for r in as_json(cli("--db", db_url, "stats", "--json")) if r["signal"] == "t.ticks"]
+    assert (row["kind"], row["kept"], row["events_per_s"]) == ("live", 30, 0.5), row
+    assert re.fullmatch(r"[^.]+\.30", row["head"]), row["head"]
+    table = cli("--db", db_url, "stats", env={"COLUMNS": "200"})
+    lines = table.stdout.splitlines()
+    header = lines[0].split()
+    assert {"Kept", "Ev/s", "Head"} <= set(header), header
+    [line] = [one.split() for one in lines if one.startswith("t.ticks ")]
+    shown = dict(zip(header, line, strict=True))
+    assert (shown["Kept"], shown["Ev/s"], shown["Head"], shown["Pending"]) == ("30", "0.5", row["head"], "—"), shown
 
 
 def test_replay_then_a_worker_delivers_with_attempts_from_zero(db_url, shop):

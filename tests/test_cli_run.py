@@ -87,6 +87,46 @@ def test_serve_runs_a_user_app_and_tail_follows_it_over_sse(sqlite_url: str):
     assert server.returncode in (0, -15), err
 
 
+def test_serve_runs_the_app_on_the_store_db_names(tmp_path: Path):
+    """`okconsole --db X serve` serves on X (the app takes its store from the environment), not on
+    the default .oke/oke.db of the working directory; the same with --db after the command."""
+    for where in ("before", "after"):
+        store = tmp_path / f"{where}.db"
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k != "OKE_DATABASE_URL"}
+        env["PYTHONPATH"] = f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        args = ["serve", "cli_apps.plain:app", "--port", str(port)]
+        args = ["--db", str(store), *args] if where == "before" else [*args, "--db", str(store)]
+        server = subprocess.Popen([sys.executable, "-m", "okconsole", *args], env=env, cwd=str(tmp_path),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL)
+        try:
+            wait_port(port)
+            stats = okconsole("--db", str(store), "stats", "--json", cwd=str(tmp_path))
+            assert stats.returncode == 0, stats.stderr
+            assert "plain.jobs" in {s["signal"] for s in json.loads(stats.stdout)}
+        finally:
+            server.terminate()
+            _out, err = server.communicate(timeout=30)
+        assert f"(store sqlite+aiosqlite:///{store}," in err, err
+        assert not (tmp_path / ".oke").exists()
+
+
+def test_serve_refuses_a_db_the_app_cannot_take_and_says_why(tmp_path: Path):
+    """The app names its own store in code: --db cannot be applied, so serve exits 2 naming both
+    stores, before it serves anything on either."""
+    pinned, other = tmp_path / "pinned.db", tmp_path / "other.db"
+    env = {"PINNED_DB": f"sqlite+aiosqlite:///{pinned}", "PYTHONPATH": str(TESTS)}
+    done = okconsole("--db", str(other), "serve", "cli_apps.pinned:app", "--port", str(free_port()), env=env,
+                     cwd=str(tmp_path), timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert f"--db sqlite+aiosqlite:///{other} cannot be applied" in done.stderr
+    assert f"database_url=sqlite+aiosqlite:///{pinned}" in done.stderr
+    assert not pinned.exists() and not other.exists()
+    same = okconsole("--db", str(pinned), "serve", "cli_apps.pinned:app", "--port", "0", env=env, cwd=str(tmp_path))
+    assert same.returncode == 2 and "--port: 0 is not a TCP port" in same.stderr  # the same store is accepted
+
+
 @pytest.mark.parametrize("target, message", [
     ("nocolon", "expected MODULE:ATTR"),
     ("no_such_module_x:app", "cannot import"),

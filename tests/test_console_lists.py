@@ -198,3 +198,38 @@ async def test_slash_filters_a_messages_failures_and_trace(sqlite_url):
         await wait_for(pilot, lambda: "no 0" not in screen_text(app) and "filter 'E_NOPE'" in screen_text(app))
         await pilot.press("escape")
         await wait_for(pilot, lambda: "no 0" in screen_text(app))
+
+
+async def test_bulk_actions_after_a_filter_take_every_match_in_the_store(db_url):
+    """The screen loads the newest 200 letters; 115 of the 230 in the store failed "no 1", 100 of
+    them loaded. A and P after `/no 1` ask about all 115 and act on all 115 (the CLI's --match)."""
+    from okconsole.screens.dlq import LIMIT, DeadLettersScreen
+    from okconsole.screens.modals import ConfirmScreen
+
+    await dead_letters(db_url, LIMIT + 30)
+    app = ConsoleApp(db_url, refresh_s=30)
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("dlq t.many")
+        await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
+                       and app.screen.query_one("#letters").row_count == LIMIT)
+        app.screen.query_one("#letters").focus()
+        await pilot.press("slash", *"no 1", "enter", "A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Replay all 115 dead letters of t.many matching 'no 1'?" in screen_text(app), screen_text(app)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen))
+        await pilot.press("P")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Delete 115 matching 'no 1' dead letters of t.many?" in screen_text(app), screen_text(app)
+        await pilot.press(*"odd ones", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen) and "115 dead" in screen_text(app))
+    store = make_store(db_url)
+    await store.open()
+    try:
+        from engine import ops
+
+        letters = await ops.dead_letters(store, "t.many", 1000)
+    finally:
+        await store.close()
+    assert len(letters) == 115
+    assert all(d.failures[-1].message == "no 0" for d in letters)

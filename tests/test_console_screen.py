@@ -150,6 +150,43 @@ async def test_tail_over_sse_starts_at_the_last_10(sqlite_url):
                 assert '"o30"' in shown and '"o39"' in shown and '"o29"' not in shown
 
 
+async def test_tail_timestamps_are_the_events_own_from_the_store_and_say_so(db_url):
+    """An event appended an hour ago is stamped with that time, not when the console read it, and
+    the title says whose time the column holds."""
+    from okconsole import fmt
+    from workers.db import execute, fetch
+
+    sigs = declare()
+    async with oke("shop", database_url=db_url) as engine_app:
+        for n in range(3):
+            await engine_app.emit(sigs["status"], {"orderId": f"o{n}", "status": "paid"})
+    await execute(db_url, "UPDATE oke_tape_events SET created_at = created_at - 3600000 WHERE seq = 2")
+    [(at,)] = await fetch(db_url, "SELECT created_at FROM oke_tape_events WHERE seq = 2")
+    app = ConsoleApp(db_url, refresh_s=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("tail order-status")
+        await wait_for(pilot, lambda: isinstance(app.screen, TailScreen) and app.screen.received == 3)
+        assert "times:" not in screen_text(app)  # no stamps, no label
+        await pilot.press("t")
+        await wait_for(pilot, lambda: "times: appended (the event's own)" in screen_text(app))
+        [line] = [one.strip() for one in screen_lines(app) if '"o1"' in one]
+        assert line.startswith(f"{fmt.clock(int(at))}  "), line
+
+
+async def test_tail_over_sse_labels_its_timestamps_received(sqlite_url):
+    sigs = declare()
+    engine_app = oke("shop", database_url=sqlite_url)
+    async with engine_app:
+        await engine_app.emit(sigs["status"], {"orderId": "o1", "status": "paid"})
+        async with serving(engine_app) as base:
+            app = ConsoleApp(sqlite_url, refresh_s=0.2, tail_url=base)
+            async with app.run_test(size=SIZE) as pilot:
+                app.jump("tail order-status")
+                await wait_for(pilot, lambda: isinstance(app.screen, TailScreen) and app.screen.received == 1)
+                await pilot.press("t")
+                await wait_for(pilot, lambda: "times: received (SSE carries no event time)" in screen_text(app))
+
+
 async def read_audit(url: str):
     store = make_store(url)
     await store.open()

@@ -13,7 +13,7 @@ from consolekit import run_okconsole, with_store
 from workers.db import execute
 
 CHECKS = ["schema", "orphaned leases", "once signals with two flows", "inactive bindings", "paused signals",
-          "due messages"]
+          "due messages", "dead_letters", "failure_rate", "blocked_keys"]
 
 
 async def _noop(payload: Any, fx: Any) -> None:
@@ -152,3 +152,64 @@ async def test_doctor_reads_the_same_as_ops(db_url):
     _code, found = doctor_json(db_url)
     direct = await with_store(db_url, ops.doctor)
     assert [ops.to_json(c) for c in direct] == list(found.values())
+
+
+class Bounced(Exception):
+    code = "BOUNCED"
+
+
+async def test_dead_letters_piling_up_warn_with_count_rate_and_top_code_and_a_high_failure_rate(db_url):
+    """Five of eight messages end dead in the last minutes: doctor no longer says all is well."""
+    jobs = signal.once("jobs", retries=0)
+
+    async def bounce(payload: Any, fx: Any) -> None:
+        if payload["n"] < 5:
+            raise Bounced(f"mailbox {payload['n']} full")
+
+    async with oke("shop", database_url=db_url, bindings=[Binding(jobs, flow("jobs.work", do=bounce))]) as app:
+        for n in range(8):
+            await app.emit(jobs, {"n": n})
+        await app.drain()
+    code, found = doctor_json(db_url)
+    assert code == 0  # warnings: work still flows
+    assert only_unhealthy(found) == {"dead_letters": "warn", "failure_rate": "warn"}
+    dead = found["dead_letters"]["detail"]
+    assert dead.startswith("jobs: 5 new in 15 min (0.3/min), top code BOUNCED."), dead
+    assert "okconsole failures jobs" in dead
+    assert found["failure_rate"]["detail"].startswith("jobs: 62% of 8 attempts failed in the last 5 min.")
+    text = run_okconsole("--db", db_url, "doctor")
+    [line] = [row for row in text.stdout.splitlines() if row.startswith("dead_letters")]
+    assert line.split()[1] == "warn"
+
+
+async def test_a_key_waiting_behind_a_head_that_failed_three_times_is_a_warning(db_url):
+    """The head of key k1 failed three attempts and runs a fourth while two messages wait behind it."""
+    jobs = signal.once("jobs", retries=5)
+    tries: list[int] = []
+    fourth, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(payload: Any, fx: Any) -> None:
+        if payload["n"] != 0:
+            return
+        tries.append(1)
+        if len(tries) == 4:
+            fourth.set()
+            await release.wait()
+        raise Bounced("still full")
+
+    async with oke("shop", database_url=db_url, bindings=[Binding(jobs, flow("jobs.work", do=stubborn))]) as app:
+        head = await app.emit(jobs, {"n": 0}, key="k1")
+        for n in (1, 2):
+            await app.emit(jobs, {"n": n}, key="k1")
+        await app.emit(jobs, {"n": 3}, key="k2")
+        draining = asyncio.create_task(app.drain())
+        await asyncio.wait_for(fourth.wait(), 60)
+        code, found = await asyncio.to_thread(doctor_json, db_url)
+        release.set()
+        await asyncio.wait_for(draining, 60)
+    assert code == 0 and found["blocked_keys"]["status"] == "warn"
+    detail = found["blocked_keys"]["detail"]
+    assert detail.startswith(f"jobs key 'k1': head {head} failed 3 attempts, 2 waiting."), detail
+    assert f"okconsole show {head}" in detail and f"okconsole cancel jobs {head}" in detail
+    code, found = doctor_json(db_url)  # the head ended dead: the key moved on
+    assert found["blocked_keys"]["status"] == "ok"

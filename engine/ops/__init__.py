@@ -31,7 +31,7 @@ from . import doctor as _doctor
 from . import history as _history
 from . import trace as _trace
 from . import workers as _workers
-from .doctor import DUE_AFTER_MS, DoctorCheck
+from .doctor import DUE_AFTER_MS
 from .history import HistoryPoint
 from .records import (
     STATUSES,
@@ -42,6 +42,7 @@ from .records import (
     CancelPreview,
     DeadLetter,
     Deleted,
+    DoctorCheck,
     EmittedMessage,
     Failure,
     FailureGroup,
@@ -294,6 +295,7 @@ async def replay(
     match: str | None = None,
     key: str | None = None,
     older_than_ms: int | None = None,
+    text: str | None = None,
     dry_run: bool = False,
     payload: Any = UNCHANGED,
     reason: str | None = None,
@@ -304,20 +306,19 @@ async def replay(
 ) -> Replayed | ReplayPreview:
     """Requeue dead letters of `signal`: dead → pending, same id and seq, attempts 0.
 
-    Select by `ids`, or every dead letter with `all=True`; `code`, `match` (substring of
-    the last failure message, case-insensitive), `key` and `older_than_ms` (dead for at
-    least that long) narrow either. Without `rate` the whole replay is ONE transaction:
-    status changes, "replayed" markers and the audit row commit together or not at all.
-    With `rate` (messages per second) it runs in chunks of about one second's worth,
-    each chunk atomic and audited, with pauses between: the whole is then NOT atomic
-    (an interruption leaves the earlier chunks replayed). `payload` replaces the payload
-    of exactly one named message (checked by the schema when the signal is declared in
-    this process, else by the JSON Schema its app recorded at boot; with neither, `warn` gets a
-    notice that it was stored unchecked, or a `UnvalidatedPayload` warning is issued). `dry_run`
-    changes nothing and returns the count and up to 20 ids.
-    Named ids that are no longer dead are skipped (a concurrent replay took them).
-    `source` (every write here takes it) is where the write came from, recorded in the audit row:
-    `okconsole web` passes the browser's address; None for the CLI and scripts.
+    Select by `ids`, or every dead letter with `all=True`; `code`, `match` (substring of the last
+    failure message, case-insensitive), `key`, `older_than_ms` (dead for at least that long) and `text`
+    (the console's `/` filter: in the id, key, or last failure's code or message; '!' inverts) narrow
+    either. Without `rate` the whole replay is ONE transaction: status changes, "replayed" markers and
+    the audit row commit together or not at all. With `rate` (messages per second) it runs in chunks
+    of about one second's worth, each chunk atomic and audited, with pauses between: the whole is then
+    NOT atomic (an interruption leaves the earlier chunks replayed). `payload` replaces the payload of
+    exactly one named message (checked by the schema when the signal is declared in this process, else
+    by the JSON Schema its app recorded at boot; with neither, `warn` gets a notice that it was stored
+    unchecked, or a `UnvalidatedPayload` warning is issued). `dry_run` changes nothing and returns the
+    count and up to 20 ids. Named ids that are no longer dead are skipped (a concurrent replay took
+    them). `source` (every write here takes it) is where the write came from, recorded in the audit
+    row: `okconsole web` passes the browser's address; None for the CLI and scripts.
     """
     id_list = _replay_ids(ids, all)
     _check_age(older_than_ms)
@@ -329,7 +330,7 @@ async def replay(
             raise ValueError("a replacement payload applies to exactly one message: name one id")
         unchecked = await _check_payload(store, signal, payload)
         payload_text = repair.encode_payload(signal, payload)
-    sel = repair.Selection(signal=signal, ids=id_list, code=code, match=match, key=key, older_than_ms=older_than_ms)
+    sel = repair.Selection(signal, id_list, code, match, key, older_than_ms, text)  # in the fields' order
     if dry_run:
         return await store.read(lambda conn: repair.preview(conn, sel))
     replay_chunk = functools.partial(
@@ -416,18 +417,19 @@ async def purge(
     dry_run: bool = False,
     ids: Iterable[str] | None = None,
     source: str | None = None,
+    text: str | None = None,
 ) -> Purged | PurgePreview:
     """Delete finished (`delivered` or `dead`) messages of `signal`, finished at least
-    `older_than_ms` ago if given (and among `ids` if given), with their failure and step rows:
-    one transaction, audited."""
+    `older_than_ms` ago if given (and among `ids` if given, and matching `text` if given: the
+    console's `/` filter, as for replay), with their failure and step rows: one transaction, audited."""
     id_list = None if ids is None else ([ids] if isinstance(ids, str) else list(dict.fromkeys(ids)))
     _check_age(older_than_ms)
     if dry_run:
-        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list))
+        return await store.read(lambda conn: repair.purge_preview(conn, signal, status, older_than_ms, id_list, text))
     actor = actor or default_actor()
     return await store.write(
         lambda conn: repair.purge(
-            conn, signal, status, older_than_ms, actor=actor, reason=reason, ids=id_list, source=source
+            conn, signal, status, older_than_ms, actor=actor, reason=reason, ids=id_list, source=source, text=text
         )
     )
 

@@ -8,26 +8,19 @@ itself), "fail" (messages go where they should not, or this okengine cannot serv
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, or_, select
 
 from ..errors import OkeError
 from ..store import queue_name, registry, schema
 from ..store.base import lease_clock_ms
-from . import queries
+from . import queries, signal_checks
+from .records import DoctorCheck
 from .workers import ORPHAN_AFTER_MS, WorkerInfo, workers
 
 DUE_AFTER_MS = 5 * 60_000  # a due message waiting longer than this is reported
 SHOWN = 5  # names listed in one detail before "… and N more"
 m = schema.messages
-
-
-@dataclass(frozen=True)
-class DoctorCheck:
-    check: str
-    status: str  # "ok" | "warn" | "fail"
-    detail: str
 
 
 def _listed(items: list[str]) -> str:
@@ -171,5 +164,8 @@ def checks(
         inactive_with_copies,
         paused_signals,
         lambda c: old_due_messages(c, due_after_ms),
+        signal_checks.dead_letters,
+        signal_checks.failure_rate,
+        signal_checks.blocked_keys,
     ]
     return [step(conn) for step in steps]

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, or_, select, text
 
 from ..ids import now_ms
+from ..live import tape as live
 from ..store import pauses, registry, schema
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
@@ -131,6 +132,7 @@ def stats(conn: Connection) -> list[SignalStats]:
             lag, scheduled = _lag_and_scheduled(conn, name, now, clock)
         row = declared.get(name)
         kind = row.kind if row is not None else _inferred_kind(conn, name)
+        tape = _tape_figures(conn, name, now) if kind == "live" else {}
         out.append(
             SignalStats(
                 signal=name,
@@ -144,9 +146,38 @@ def stats(conn: Connection) -> list[SignalStats]:
                 flows=flows.get(name, []),
                 paused=name in paused,
                 scheduled=scheduled,
+                **tape,
             )
         )
     return out
+
+
+TAPE_RATE_MS = 60_000  # events_per_s is measured over the last minute
+ev = schema.tape_events
+
+
+def _tape_figures(conn: Connection, signal: str, now: int) -> dict[str, Any]:
+    """A live signal's `kept`, `head` and `events_per_s`: from the tape's row and one walk of the
+    (signal, created_at) index to the first event of the last minute (the events after it are
+    head - its seq; no count over the tape). When retention already dropped part of that minute,
+    the rate is taken over the span the retained events cover."""
+    tape = live.state(conn, signal)
+    if tape is None or tape.first_seq is None:
+        return {"kept": 0, "head": tape.event_id(tape.head) if tape and tape.head else None, "events_per_s": 0.0}
+    since = now - TAPE_RATE_MS
+    first = conn.execute(
+        select(ev.c.seq, ev.c.created_at)
+        .where(ev.c.signal == signal, ev.c.created_at >= since)
+        .order_by(ev.c.created_at, ev.c.seq)
+        .limit(1)
+    ).first()
+    rate = 0.0
+    if first is not None:
+        span_ms = TAPE_RATE_MS
+        if first.seq == tape.first_seq and tape.pruned_through > 0:
+            span_ms = max(now - int(first.created_at), 1000)  # retention cut into the minute
+        rate = (tape.head - int(first.seq) + 1) / (span_ms / 1000)
+    return {"kept": tape.head - tape.first_seq + 1, "head": tape.event_id(tape.head), "events_per_s": rate}
 
 
 def _lag_and_scheduled(conn: Connection, signal: str, now: int, clock: int) -> tuple[int | None, int]:

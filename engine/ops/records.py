@@ -71,7 +71,8 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class SignalStats:
-    """Counts per status of one signal; `lag_ms` is the age of its oldest pending message.
+    """Counts per status of one signal; `lag_ms` is the age of its oldest pending message. A live
+    signal has no messages: its figures are `kept`, `head` and `events_per_s`.
 
     `flows`: every flow (or live exposure) bound to the signal by a process seen in the last
     5 minutes; a once signal with two splits its messages between them (SPEC §2)."""
@@ -87,6 +88,11 @@ class SignalStats:
     flows: list[str]
     paused: bool = False  # an operator paused it (SPEC §11): no process claims its messages
     scheduled: int = 0  # pending messages not due yet (SPEC §12); lag_ms counts only due ones
+    # a live signal's tape (None for once and broadcast): events retained, the newest event's id,
+    # and events appended per second over the last minute
+    kept: int | None = None
+    head: str | None = None
+    events_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -378,3 +384,12 @@ def to_json(record: Any) -> Any:
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         return dataclasses.asdict(record)
     return record
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One finding of `okconsole doctor`: the check's name, "ok" / "warn" / "fail", and what to do."""
+
+    check: str
+    status: str  # "ok" | "warn" | "fail"
+    detail: str

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, select, update
+from sqlalchemy import Connection, and_, delete, func, not_, or_, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from .. import payloads
@@ -90,6 +90,7 @@ class Selection:
     match: str | None = None
     key: str | None = None
     older_than_ms: int | None = None
+    text: str | None = None  # the console's `/` filter (text_condition)
 
     def conditions(self, now: int) -> list[ColumnElement[bool]]:
         conds: list[ColumnElement[bool]] = [m.c.signal == self.signal, m.c.status == "dead"]
@@ -102,7 +103,20 @@ class Selection:
             conds.append(_last_failure(f.c.code) == self.code)
         if self.match is not None:
             conds.append(_last_failure(f.c.message).ilike(f"%{_escape_like(self.match)}%", escape="\\"))
+        if self.text is not None:
+            conds.append(text_condition(self.text))
         return conds
+
+
+def text_condition(query: str) -> ColumnElement[bool]:
+    """The dead-letters screen's `/` filter as a condition on the store, so a bulk action after it
+    takes every match, not only the rows loaded: the text (case-insensitive) in the id, the key,
+    or the last failure's code or message; a leading '!' keeps the letters without it."""
+    invert = query.startswith("!")
+    needle = f"%{_escape_like((query[1:] if invert else query).strip())}%"
+    fields = (m.c.id, m.c.key, _last_failure(f.c.code), _last_failure(f.c.message))
+    found = or_(*(func.coalesce(column, "").ilike(needle, escape="\\") for column in fields))
+    return not_(found) if invert else found
 
 
 def _last_failure(column: Any) -> Any:
@@ -303,7 +317,12 @@ def _record_replay(
 
 # -- purge ----------------------------------------------------------------------------------------
 def _purge_conditions(
-    signal: str, status: str, older_than_ms: int | None, now: int, ids: Sequence[str] | None = None
+    signal: str,
+    status: str,
+    older_than_ms: int | None,
+    now: int,
+    ids: Sequence[str] | None = None,
+    text: str | None = None,
 ) -> list[Any]:
     if status not in FINISHABLE:
         raise ValueError(f'purge deletes finished messages: status must be "delivered" or "dead", not "{status}"')
@@ -312,13 +331,20 @@ def _purge_conditions(
         conds.append(m.c.id.in_(list(ids)))
     if older_than_ms is not None:
         conds.append(func.coalesce(m.c.finished_at, m.c.updated_at) <= now - older_than_ms)
+    if text is not None:
+        conds.append(text_condition(text))
     return conds
 
 
 def purge_preview(
-    conn: Connection, signal: str, status: str, older_than_ms: int | None, ids: Sequence[str] | None = None
+    conn: Connection,
+    signal: str,
+    status: str,
+    older_than_ms: int | None,
+    ids: Sequence[str] | None = None,
+    text: str | None = None,
 ) -> PurgePreview:
-    conds = _purge_conditions(signal, status, older_than_ms, now_ms(), ids)
+    conds = _purge_conditions(signal, status, older_than_ms, now_ms(), ids, text)
     queries.require_signal(conn, signal)
     total = int(conn.execute(select(func.count()).select_from(m).where(and_(*conds))).scalar() or 0)
     sample = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(SAMPLE))]
@@ -343,6 +369,7 @@ def purge(
     reason: str | None,
     ids: Sequence[str] | None = None,
     source: str | None = None,
+    text: str | None = None,
 ) -> Purged:
     """Delete finished messages with their failure rows and step rows, and audit it, in one transaction.
 
@@ -350,7 +377,7 @@ def purge(
     MAX_AUDIT_IDS of the deleted ids; its `count` is exact.
     """
     now = now_ms()
-    conds = _purge_conditions(signal, status, older_than_ms, now, ids)
+    conds = _purge_conditions(signal, status, older_than_ms, now, ids, text)
     queries.require_signal(conn, signal)
     deleted: list[str] = []
     count = 0

@@ -25,8 +25,9 @@ def workers(ctx: typer.Context, db: str | None = DB_OPTION, as_json: bool = JSON
 
 def doctor(ctx: typer.Context, db: str | None = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Check the store: schema version, orphaned leases, once signals bound to two flows, inactive
-    bindings holding pending copies, paused signals, due messages older than 5 minutes. Exit 1 when
-    a check fails, else 0."""
+    bindings holding pending copies, paused signals, due messages older than 5 minutes, dead letters
+    added in the last 15 minutes, a failure rate of 20 % or more, keys blocked by a failing head.
+    Exit 1 when a check fails, else 0."""
     checks = run(state_of(ctx, db), ops.doctor, schema_too_new=ops.doctor_schema_too_new)
     if as_json:
         output.print_json(checks)

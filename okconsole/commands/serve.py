@@ -1,5 +1,11 @@
 """The long-running commands that host an engine: `demo` (the bundled shop, TUI on top) and
-`serve MODULE:ATTR` (a user's app: its workers and HTTP/SSE routes)."""
+`serve MODULE:ATTR` (a user's app: its workers and HTTP/SSE routes).
+
+`serve` with `--db` (before or after the command) runs the app on that store: it sets
+OKE_DATABASE_URL before importing the app, which an app made by `oke(...)` without a
+`database_url` uses. An app that names its own store in code is not overridden behind its back:
+serve refuses (exit 2) and says which store the app named, rather than serve another one than
+the command line asked for."""
 
 from __future__ import annotations
 
@@ -17,9 +23,11 @@ import typer
 from engine import OkeApp
 from engine.errors import OkeError, SchemaTooNew, StoreUnavailable
 
+from ..dburl import BadDatabaseUrl, database_url
 from ..demo import DEMO_PORT
-from .common import DB_OPTION, State, fail, state_of
+from .common import DB_OPTION, State, fail, state_of, url_of
 from .conventions import INTERRUPTED
+from .session import shown_url
 
 
 def _bind_error(host: str, port: int) -> BaseException | None:
@@ -135,18 +143,43 @@ def load_app(target: str) -> OkeApp:
     return found
 
 
+def _given_db(ctx: typer.Context, db: str | None) -> str | None:
+    """The store --db names (the command's own, else the global one) as a URL; None when not given."""
+    given = db or ctx.find_root().params.get("db")
+    return url_of(given) if given else None
+
+
+def _same_store(a: str, b: str) -> bool:
+    try:
+        return database_url(a) == database_url(b)
+    except BadDatabaseUrl:
+        return a == b
+
+
 def serve(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="MODULE:ATTR", help="The app, e.g. shop.app:app."),
+    db: str | None = DB_OPTION,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(6530, "--port", help="TCP port."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, metavar="N", help="Concurrent handlers."),
 ) -> None:
-    """Run a user app's engine: its workers and its HTTP/SSE routes, until Ctrl-C."""
+    """Run a user app's engine: its workers and its HTTP/SSE routes, until Ctrl-C. --db runs it on
+    that store (as OKE_DATABASE_URL); an app that names another store in code is refused (exit 2)."""
+    wanted = _given_db(ctx, db)
+    if wanted is not None:
+        os.environ["OKE_DATABASE_URL"] = wanted  # what oke(...) without a database_url uses
     oke_app = load_app(target)
+    if wanted is not None and not _same_store(oke_app.database_url, wanted):
+        fail(
+            2,
+            f"serve: --db {shown_url(wanted)} cannot be applied: {target} names its own store in code "
+            f"(database_url={shown_url(oke_app.database_url)}). Drop --db to serve that store, or let the app "
+            "take its store from OKE_DATABASE_URL (oke(...) without database_url), which --db sets.",
+        )
     check_port(host, port)
     typer.echo(
-        f"okconsole serve: {oke_app.name} on http://{host}:{port} (store {oke_app.database_url}, "
+        f"okconsole serve: {oke_app.name} on http://{host}:{port} (store {shown_url(oke_app.database_url)}, "
         f"{concurrency} handlers)",
         err=True,
     )

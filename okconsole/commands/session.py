@@ -81,16 +81,16 @@ def run(
         fail(1, str(err))
     except SQLAlchemyError as err:
         orig = getattr(err, "orig", None)
-        fail(1, f"store error ({_target(state.db)}): {type(orig or err).__name__}: {orig or err}")
+        fail(1, f"store error ({shown_url(state.db)}): {type(orig or err).__name__}: {orig or err}")
     except (OSError, sqlite3.Error, TimeoutError) as err:
-        fail(1, f"store error ({_target(state.db)}): {type(err).__name__}: {err}")
+        fail(1, f"store error ({shown_url(state.db)}): {type(err).__name__}: {err}")
     except ValueError as err:
         fail(2, str(err))
     except OverflowError as err:  # a number no store column can hold
         fail(2, f"a number is out of range: {err}")
     except Exception as err:
         if _is_driver_error(err):
-            fail(1, f"store error ({_target(state.db)}): {type(err).__name__}: {err}")
+            fail(1, f"store error ({shown_url(state.db)}): {type(err).__name__}: {err}")
         raise
 
 
@@ -102,7 +102,8 @@ def _is_driver_error(err: BaseException) -> bool:
     return isinstance(err, (asyncpg.PostgresError, asyncpg.InterfaceError))
 
 
-def _target(url: str) -> str:
+def shown_url(url: str) -> str:
+    """A store URL as it may be shown: its password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:

@@ -220,27 +220,38 @@ class DeadLettersScreen(MessageControls):
         if self.refuse_write():
             return
         if self.filter_text:
-            ids = list(self.shown)
-            template = f"Replay all {len(ids)} dead letters of $signal matching $filter?"
-        else:
-            ids = []
-            more = "+" if len(self.letters) >= LIMIT else ""
-            template = f"Replay ALL {len(self.letters)}{more} dead letters of $signal?"
-        question = content(template, signal=self.signal, filter=repr(self.filter_text))
-        if self.filter_text and not ids:
+            self.run_worker(self._ask_replay_matching(self.filter_text), group="replay", exit_on_error=False)
+            return
+        more = "+" if len(self.letters) >= LIMIT else ""
+        question = content(f"Replay ALL {len(self.letters)}{more} dead letters of $signal?", signal=self.signal)
+
+        def confirmed(reason: str | None) -> None:
+            if reason:
+                self._watch(self.run_write("replay", ops.replay, self.signal, all=True, reason=reason))
+
+        self.app.push_screen(ConfirmScreen(question, "Replay"), confirmed)
+
+    async def _ask_replay_matching(self, text: str) -> None:
+        """After a filter, A takes every match in the store, not only the rows loaded: count them
+        there (a dry run), ask with that count, then replay by the same filter."""
+        try:
+            preview = await self.console.data.call(ops.replay, self.signal, all=True, text=text, dry_run=True)
+        except Exception as err:  # the store away, or the signal gone
+            self.notify(f"replay failed: {err}", severity="error")
+            return
+        count = preview.would_replay
+        if not count:
             self.notify("no dead letter matches the filter")
             return
 
         def confirmed(reason: str | None) -> None:
-            if not reason:
-                return
-            if ids:
-                worker = self.run_write("replay", ops.replay, self.signal, ids, reason=reason)
-            else:
-                worker = self.run_write("replay", ops.replay, self.signal, all=True, reason=reason)
-            self._watch(worker)
+            if reason:
+                self._watch(self.run_write("replay", ops.replay, self.signal, all=True, text=text, reason=reason))
 
-        self.app.push_screen(ConfirmScreen(question, "Replay"), confirmed)
+        question = content(
+            f"Replay all {count:,} dead letters of $signal matching $filter?", signal=self.signal, filter=repr(text)
+        )
+        self.app.push_screen(ConfirmScreen(question, f"Replay {count:,}"), confirmed)
 
     def action_edit(self) -> None:
         if self.refuse_write():
@@ -292,41 +303,41 @@ class DeadLettersScreen(MessageControls):
     def after_control(self, result: Any) -> None:
         self.tagged -= set(result.ids)
 
-    def _purge_selection(self) -> tuple[list[str] | None, str]:
-        """What P deletes: the tagged letters, else those the filter shows, else every dead letter
-        of the signal (ids None); and how the question names them."""
+    def _purge_selection(self) -> tuple[list[str] | None, str | None, str]:
+        """What P deletes: the tagged letters, else every match of the filter in the store (not
+        only the rows loaded), else every dead letter of the signal; as (ids, filter text), and
+        how the question names them."""
         tagged = [i for i in self.shown if i in self.tagged]
         if tagged:
-            return tagged, "tagged "
+            return tagged, None, "tagged "
         if self.filter_text:
-            return list(self.shown), f"matching {self.filter_text!r} "
-        return None, ""
+            return None, self.filter_text, f"matching {self.filter_text!r} "
+        return None, None, ""
 
     def action_purge(self) -> None:
         if self.refuse_write():
             return
-        ids, which = self._purge_selection()
-        if ids == []:
-            self.notify("no dead letter matches the filter")
-            return
-        self.run_worker(self._ask_purge(ids, which), group="purge", exit_on_error=False)
+        ids, text, which = self._purge_selection()
+        self.run_worker(self._ask_purge(ids, text, which), group="purge", exit_on_error=False)
 
-    async def _ask_purge(self, ids: list[str] | None, which: str) -> None:
+    async def _ask_purge(self, ids: list[str] | None, text: str | None, which: str) -> None:
         """Ask with the exact count the store would delete now (a dry run), then purge those."""
         try:
-            preview = await self.console.data.call(ops.purge, self.signal, "dead", dry_run=True, ids=ids)
+            preview = await self.console.data.call(ops.purge, self.signal, "dead", dry_run=True, ids=ids, text=text)
         except Exception as err:  # the store away, or the signal gone
             self.notify(f"purge failed: {err}", severity="error")
             return
         count = preview.would_purge
         if not count:
-            self.notify("nothing to purge: no such dead letter any more")
+            self.notify(
+                "no dead letter matches the filter" if text else "nothing to purge: no such dead letter any more"
+            )
             return
         noun = "dead letter" if count == 1 else "dead letters"
 
         def confirmed(reason: str | None) -> None:
             if reason:
-                self.run_write("purge", ops.purge, self.signal, "dead", ids=ids, reason=reason)
+                self.run_write("purge", ops.purge, self.signal, "dead", ids=ids, text=text, reason=reason)
 
         question = content(
             f"Delete {count:,} ${{which}}{noun} of $signal? This cannot be undone.", which=which, signal=self.signal

@@ -1,5 +1,9 @@
 """Tail a live tape: from the store or over SSE; the last 10 events first, then every new one;
-sticky bottom, pause, an 'N new' badge, wrap and timestamp toggles, save to a file, resume, gaps."""
+sticky bottom, pause, an 'N new' badge, wrap and timestamp toggles, save to a file, resume, gaps.
+
+The timestamps (`t`) are the events' own from the store (when they were appended to the tape). An
+SSE event carries no time, so over SSE they are when this console received each event, and the
+title says which of the two the column holds."""
 
 from __future__ import annotations
 
@@ -94,15 +98,20 @@ class TailScreen(ConsoleScreen):
         source = f"SSE {self.url}" if self.url else "store"
         state = "following" if self.following else "[b yellow]paused[/]"
         shown = f" · showing {len(self.shown_lines())} matching $filter" if self.filter_text else ""
+        stamps = f" · times: {self.stamps_label()}" if self.stamps else ""
         self.query_one("#title", Static).update(
             content(
-                f"[b]$signal[/b] · $source · {state} · {self.received} events{shown} · cursor $cursor",
+                f"[b]$signal[/b] · $source · {state} · {self.received} events{shown}{stamps} · cursor $cursor",
                 signal=self.signal,
                 source=source,
                 filter=repr(self.filter_text),
                 cursor=self.cursor or "—",
             )
         )
+
+    def stamps_label(self) -> str:
+        """What the timestamp column holds: SSE carries no event time, so there it is the receipt."""
+        return "received (SSE carries no event time)" if self.url else "appended (the event's own)"
 
     def matches(self, line: TailLine) -> bool:
         """'/' keeps the lines whose id or JSON contains the text (any case; '!' inverts)."""
@@ -185,6 +194,7 @@ class TailScreen(ConsoleScreen):
     def action_stamps(self) -> None:
         self.stamps = not self.stamps
         self.redraw()
+        self.update_title()
 
     def action_clear(self) -> None:
         self.lines.clear()
