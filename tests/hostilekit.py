@@ -1,6 +1,6 @@
 """A hostile corpus: stored text that tries to drive the operator's terminal or the console's renderer.
 
-Every screen and command that shows stored text is tested with it (SPEC-level promise: inert text
+Every screen and command that shows stored text is tested with it (the promise: inert text
 everywhere), so a new screen inherits the check by using `HOSTILE` and `assert_inert`.
 
     from hostilekit import HOSTILE, HOSTILE_KEY, assert_inert, visible
