@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pgcluster import PgCluster, PgClusterError, _free_port
+from pgcluster import PgCluster, PgClusterError, _free_port, file_tail
 
 __all__ = ["KNOB", "PgBouncer", "Pooled", "find_pgbouncer"]
 
@@ -137,11 +137,7 @@ class PgBouncer:
         self.stop()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path or "", errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return file_tail(self.log_path, lines)
 
     # -- internals ---------------------------------------------------------------------------
 

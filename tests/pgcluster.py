@@ -50,6 +50,15 @@ _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _SETTINGS_FILE = "oke_test.conf"
 
 
+
+def file_tail(path: str | None, lines: int = 30) -> str:
+    """The last `lines` lines of a server's log, for an error message ('' when there is none)."""
+    try:
+        with open(path or "", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
 class PgClusterError(RuntimeError):
     """PostgreSQL could not be found, started, stopped or reached."""
 
@@ -426,11 +435,7 @@ class PgCluster:
             )
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path or "", errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return file_tail(self.log_path, lines)
 
     def _kill_postmaster(self) -> None:
         try:
