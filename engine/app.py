@@ -79,7 +79,7 @@ class OkeApp:
         self._bindings = bindings
         self.lease_ms = lease_ms
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-6:]}"
-        self.max_payload_bytes = max_payload_bytes
+        self.max_payload_bytes = _max_payload_bytes(max_payload_bytes)  # an emit's; HTTP bodies get 64 KiB more
         self.stop_grace_s = stop_grace_s
         self.sse_heartbeat_s = _sse_heartbeat_s(sse_heartbeat_s)  # SSE heartbeat interval (at least every 15 s)
         # SQLite: how long a write waits for another process's lock before it fails (default 30 s)
@@ -465,6 +465,13 @@ def _binding_ttl_ms(ttl: object) -> int:
             f'unit (ms, s, m, h, d), e.g. "7d"'
         )
     return ms
+
+
+def _max_payload_bytes(value: object) -> int:
+    """An int ≥ 1, refused at `oke()`: anything else made every emit and every HTTP request fail."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"oke(max_payload_bytes=...): an int of bytes ≥ 1, got {value!r}")
+    return value
 
 
 def _sse_heartbeat_s(value: object) -> float:

@@ -994,3 +994,10 @@ def test_max_connections_below_1_or_not_an_int_is_a_value_error_at_oke(tmp_path,
     with pytest.raises(ValueError, match=r"^oke\(max_connections=\.\.\.\): an int ≥ 1 .*got " + re.escape(repr(bad))):
         oke("shop", database_url=f"sqlite+aiosqlite:///{tmp_path}/oke.db", max_connections=bad)
 
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "1MB", None, True])
+def test_max_payload_bytes_below_1_or_not_an_int_is_a_value_error_at_oke(tmp_path, bad):
+    """A bad limit was taken as given: every emit and every HTTP request then failed with a 500."""
+    with pytest.raises(ValueError, match=r"^oke\(max_payload_bytes=\.\.\.\): an int of bytes ≥ 1, got " + re.escape(repr(bad))):
+        oke("shop", database_url=f"sqlite+aiosqlite:///{tmp_path}/oke.db", max_payload_bytes=bad)
