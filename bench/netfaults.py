@@ -148,6 +148,12 @@ class Faults:
     degrade_s: float
 
 
+# One answer on the degraded link: netem's 40±10 ms plus a lost packet's retransmission (Linux waits
+# at least 200 ms), or the tbf fallback's queue (up to 300 ms): time that passes between the store
+# setting a lease and the worker hearing of it, which no renewal gives back.
+LINK_MS = 300
+
+
 def profile(short: bool, seed: int) -> tuple[chaos.Config, Faults]:
     never = (1e9, 1e9)  # no SIGKILLs here: the network is the fault
     if short:
@@ -155,10 +161,11 @@ def profile(short: bool, seed: int) -> tuple[chaos.Config, Faults]:
         # reconnect takes a few seconds, and the check needs it to run handlers after it.
         return (chaos.Config("pg", True, workers=3, messages=2500, keys=24, keyed_share=0.6, concurrency=4,
                              slow_share=0.01, tape_share=0.3, emit_s=36, kill_every=never, drain_timeout_s=60,
-                             cli_every_s=3.0, seed=seed),
+                             cli_every_s=3.0, seed=seed, link_ms=LINK_MS),
                 Faults(cut_at=0.08, cut_s=COMMAND_TIMEOUT_S + 6, degrade_at=0.2, degrade_s=12))
     return (chaos.Config("pg", False, workers=3, messages=12_000, keys=50, keyed_share=0.6, concurrency=4,
-                         tape_share=0.25, emit_s=90, kill_every=never, drain_timeout_s=200, seed=seed),
+                         tape_share=0.25, emit_s=90, kill_every=never, drain_timeout_s=200, seed=seed,
+                         link_ms=LINK_MS),
             Faults(cut_at=0.2, cut_s=25, degrade_at=0.3, degrade_s=40))
 
 
