@@ -26,10 +26,11 @@ from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
 from ..store.wake import wake_local
-from . import controls, pausing, queries, repair, unbinding
+from . import controls, keyheads, pausing, queries, repair, unbinding, verdict
 from . import doctor as _doctor
 from . import history as _history
 from . import trace as _trace
+from . import why as _why
 from . import workers as _workers
 from .doctor import DUE_AFTER_MS
 from .history import HistoryPoint
@@ -46,6 +47,8 @@ from .records import (
     EmittedMessage,
     Failure,
     FailureGroup,
+    KeyHead,
+    KeyPage,
     Lease,
     MessageDetail,
     MessagePage,
@@ -67,10 +70,12 @@ from .records import (
     UnknownRun,
     UnknownSignal,
     UnvalidatedPayload,
+    Why,
     to_json,
     waits_until,
 )
 from .repair import UNCHANGED, default_actor
+from .why import UnknownMessageId
 from .workers import ORPHAN_AFTER_MS, SEEN_WITHIN_MS, WorkerInfo
 
 __all__ = [
@@ -86,6 +91,8 @@ __all__ = [
     "Failure",
     "FailureGroup",
     "HistoryPoint",
+    "KeyHead",
+    "KeyPage",
     "Lease",
     "MessageDetail",
     "MessagePage",
@@ -107,10 +114,12 @@ __all__ = [
     "Unbound",
     "UnknownFlow",
     "UnknownMessage",
+    "UnknownMessageId",
     "UnknownRun",
     "UnknownSignal",
     "UnvalidatedPayload",
     "WorkerInfo",
+    "Why",
     "audit",
     "binding",
     "bindings",
@@ -122,6 +131,7 @@ __all__ = [
     "doctor_schema_too_new",
     "failures",
     "history",
+    "keys",
     "known_signals",
     "message_page",
     "messages",
@@ -136,6 +146,7 @@ __all__ = [
     "to_json",
     "trace",
     "unbind",
+    "why",
     "workers",
 ]
 
@@ -240,6 +251,23 @@ async def doctor(
 def doctor_schema_too_new(error: Exception) -> list[DoctorCheck]:
     """Doctor's report on a store this okengine cannot open: its schema is newer."""
     return [_doctor.too_new(error)]
+
+
+async def why(store: Store, message_id: str) -> Why:
+    """One verdict on why `message_id` is (not) running: delivered, dead, running, orphaned, paused,
+    no_worker, blocked_by_key, not_due or due (engine/ops/verdict.py: what each means and which wins
+    when several hold), with one line to act on. UnknownMessageId (a LookupError) for an unknown id."""
+    return verdict.decide(await store.read(lambda conn: _why.snapshot(conn, message_id)))
+
+
+async def keys(
+    store: Store, signal: str, blocked_only: bool = False, *, limit: int = 100, after: str | None = None
+) -> KeyPage:
+    """Keys of `signal` with unfinished messages, each with its head (the oldest unfinished message
+    of the key), the head's failed attempts and last failure, and how many wait behind it; in key
+    order, `limit` a page (`after=page.next_after` for the next). `blocked_only`: keys whose head
+    failed at least once with messages waiting (doctor's `blocked_keys` warns from 3 failures)."""
+    return await store.read(lambda conn: keyheads.keys(conn, signal, blocked_only, limit, after))
 
 
 async def dead_letters(store: Store, signal: str, limit: int | None = None) -> list[DeadLetter]:

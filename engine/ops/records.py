@@ -393,3 +393,41 @@ class DoctorCheck:
     check: str
     status: str  # "ok" | "warn" | "fail"
     detail: str
+
+
+@dataclass(frozen=True)
+class Why:
+    """`okconsole why`: one verdict for a message (engine/ops/verdict.py lists them and their
+    precedence), one line an engineer can act on, and since when (epoch ms; None: unknown)."""
+
+    id: str
+    signal: str
+    status: str
+    verdict: str
+    detail: str
+    since: int | None
+
+
+@dataclass(frozen=True)
+class KeyHead:
+    """A key with unfinished messages: its head (the oldest unfinished one), what the head has
+    failed, and how many messages wait behind it. `flow`: the broadcast copy's flow (None for once)."""
+
+    key: str
+    flow: str | None
+    head_id: str
+    head_status: str
+    head_attempts: int  # failed attempts of the head (a running attempt is not counted)
+    head_last_failure: Failure | None
+    waiting: int
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    """One page of `keys`, in key order; `next_after` (None on the last page) is the cursor of the
+    next. A `blocked_only` page stops after looking at 10,000 keys: it may then hold fewer than
+    `limit` with a `next_after` that looks further. `scanned`: the keys this page looked at."""
+
+    items: list[KeyHead]
+    next_after: str | None
+    scanned: int

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, func, select
 from ..ids import now_ms
 from ..store import schema
 from ..store.history import minute_of
-from . import queries
+from . import keyheads, queries
 from .records import DoctorCheck
 
 DEAD_WINDOW_MS = 15 * 60_000
@@ -124,15 +124,11 @@ def _blocked_heads(conn: Connection, attempts: int) -> list[tuple[str, str, str,
     ).all()
     blocked = []
     for head in heads:
-        if head.status == "inflight" and head.attempts - 1 < attempts:
-            continue  # its current attempt has not failed (yet)
-        same_key = (m.c.status.in_(READY), m.c.key.is_not(None), m.c.queue == head.queue, m.c.key == head.key)
-        ahead = conn.execute(select(m.c.id).where(*same_key, m.c.seq < head.seq).limit(1)).first()
-        if ahead is not None:
-            continue  # not the head: it waits behind another
-        waiting = int(conn.execute(select(func.count()).where(*same_key, m.c.seq > head.seq)).scalar_one())
+        failed = keyheads.failed_attempts(head.status, head.attempts)
+        if failed < attempts or not keyheads.is_head(conn, head.queue, head.key, head.seq):
+            continue  # its current attempt has not failed (yet), or it waits behind another
+        waiting = keyheads.waiting_behind(conn, head.queue, head.key, head.seq)
         if waiting:
-            failed = int(head.attempts) - (1 if head.status == "inflight" else 0)
             blocked.append((head.signal, head.key, head.id, failed, waiting))
     return blocked
 
@@ -150,5 +146,5 @@ def blocked_keys(conn: Connection, attempts: int = BLOCKED_ATTEMPTS) -> DoctorCh
         "warn",
         f"{_listed(items)}. Messages of a key run in order, so those wait until the head is delivered or "
         f"ends dead: see okconsole show {blocked[0][2]}; okconsole cancel {blocked[0][0]} {blocked[0][2]} lets the key "
-        "move on.",
+        f"move on; okconsole keys {blocked[0][0]} --blocked lists every such key.",
     )
