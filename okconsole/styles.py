@@ -31,3 +31,17 @@ def styled(text: str, style: str | None) -> str:
 def status_markup(status: str) -> str:
     """A status word in its colour (unknown words plain)."""
     return styled(status, STATUS_STYLE.get(status))
+
+
+# `okconsole why` and the TUI's message screen: what needs a hand in red, a hold to look at in yellow
+VERDICT_STYLE: dict[str, str] = {
+    "delivered": "green",
+    "dead": "bold red",
+    "running": "cyan",
+    "orphaned": "bold red",
+    "no_worker": "bold red",
+    "blocked_by_key": "bold yellow",
+    "paused": "bold yellow",
+    "not_due": "yellow",
+    "due": "yellow",
+}

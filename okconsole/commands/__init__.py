@@ -1,9 +1,9 @@
 """The scripted operator commands (Typer), over `engine.ops` only, one module per group.
 
 `common` (options, failures, confirmation) and `session` (one visit to the store) are shared;
-`reads`, `history`, `repair`, `controls`, `bindings`, `health`, `tail`, `serve` and `web` hold the
-commands, `tui` the root (no command: the TUI), `conventions` how the group prints its help.
-`build_app` registers them in help order;
+`reads`, `history`, `repair`, `controls`, `bindings`, `health`, `diagnose` (why, keys), `tail`,
+`serve` and `web` hold the commands, `tui` the root (no command: the TUI), `conventions` how the
+group prints its help. `build_app` registers them in help order;
 nothing here imports `okconsole.cli`, which only builds the app for the console script.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import typer
 
-from . import bindings, controls, health, history, reads, repair, serve, tail, tui, web
+from . import bindings, controls, diagnose, health, history, reads, repair, serve, tail, tui, web
 from .conventions import ConsoleGroup
 
-GROUPS = (reads, history, repair, controls, bindings, health, serve, web, tail)
+GROUPS = (reads, history, repair, controls, bindings, health, diagnose, serve, web, tail)
 
 
 def build_app() -> typer.Typer:

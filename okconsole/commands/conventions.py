@@ -38,6 +38,8 @@ EXAMPLES: dict[str, list[str]] = {
     "history": ["okconsole history shop.email", "okconsole history shop.email --since 24h --json"],
     "bindings": ["okconsole bindings", "okconsole bindings --json | jq '.[] | select(.active | not)'"],
     "workers": ["okconsole workers", "okconsole workers --json | jq '.[] | select(.orphaned > 0)'"],
+    "why": ["okconsole why msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V", "okconsole why msg_01J9ZQ4K7T8V2N3M5P6R7S8T9V --json"],
+    "keys": ["okconsole keys shop.email --blocked", "okconsole keys shop.email --limit 20 --json"],
     "doctor": ["okconsole doctor", "okconsole doctor --json | jq '.[] | select(.status != \"ok\")'"],
     "unbind": [
         "okconsole unbind catalog.changed search.reindex --reason 'flow removed in v2'",
