@@ -24,6 +24,7 @@ from .screens.audit import AuditScreen
 from .screens.detail import DetailScreen
 from .screens.dlq import DeadLettersScreen
 from .screens.history import HistoryScreen
+from .screens.keys import KeysScreen
 from .screens.messages import MessagesScreen
 from .screens.modals import HelpScreen, PromptScreen
 from .screens.overview import OverviewScreen
@@ -32,14 +33,15 @@ from .screens.trace import TraceScreen
 from .screens.workers import WorkersScreen
 
 JUMPS = (
-    "dlq SIGNAL · history SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · audit · workers"
-    " · signals"
+    "dlq SIGNAL · history SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · keys SIGNAL"
+    " · audit · workers · signals"
 )
 STATUSES = ("pending", "inflight", "delivered", "dead")
 SIGNAL_VERBS = {
     "dlq": "queue",
     "failures": "queue",
     "history": "queue",
+    "keys": "queue",
     "messages": "queue",
     "msgs": "queue",
     "m": "queue",
@@ -133,6 +135,9 @@ class ConsoleApp(App[None]):
     def open_tail(self, signal: str) -> None:
         self.push_screen(TailScreen(signal, self.tail_url, self.tail_token))
 
+    def open_keys(self, signal: str) -> None:
+        self.push_screen(KeysScreen(signal))
+
     def open_audit(self) -> None:
         self.push_screen(AuditScreen())
 
@@ -153,7 +158,7 @@ class ConsoleApp(App[None]):
             if kind == "live":
                 choices.append(f"tail {name}")
             else:
-                choices += [f"dlq {name}", f"history {name}", f"messages {name}"] + [
+                choices += [f"dlq {name}", f"history {name}", f"keys {name}", f"messages {name}"] + [
                     f"messages {name} {s}" for s in STATUSES
                 ]
         return choices + ["audit", "workers", "signals", "trace ", "show "]
@@ -222,6 +227,7 @@ class ConsoleApp(App[None]):
             "show": self.open_detail,
             "failures": self.open_dlq,
             "history": self.open_history,
+            "keys": self.open_keys,
         }
         if verb in one and len(args) == 1:
             one[verb](args[0])

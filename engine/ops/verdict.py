@@ -185,7 +185,7 @@ def _blocked(s: Snapshot) -> Reason | None:
     return (
         "blocked_by_key",
         f"waits behind {shown(h.id)} ({shown(h.status)}, {h.failed} failed attempt{'s' * (h.failed != 1)}, "
-        f"last: {failure_text(h.last_failure)}), the head of key {shown(s.key)!r}: okconsole why {shown(h.id)}",
+        f"last: {failure_text(h.last_failure)}), the head of key '{shown(s.key)}': okconsole why {shown(h.id)}",
         _due_since(s),
     )
 

@@ -17,7 +17,7 @@ from engine import ops
 
 from .. import fmt
 from ..safe import cell, content, json_pane, pane
-from ..styles import DEAD_STYLE
+from ..styles import DEAD_STYLE, VERDICT_STYLE
 from .base import text_filter
 from .controls import MessageControls
 from .modals import ConfirmScreen, EditPayloadScreen
@@ -43,6 +43,7 @@ class DetailScreen(MessageControls):
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
+        yield Static("", id="why")
         with Horizontal(id="detail-body"):
             with VerticalScroll(id="payload"):
                 yield Static("", id="payload-text")
@@ -61,10 +62,12 @@ class DetailScreen(MessageControls):
     async def load(self) -> None:
         try:
             detail = await self.console.data.call(ops.show, self.message_id)
+            why = await self.console.data.call(ops.why, self.message_id)
         except LookupError as err:
             self.query_one("#title", Static).update(content("[b red]$err[/]", err=err))
             return
         self.detail = detail
+        self.query_one("#why", Static).update(why_line(why))
         if detail != self.rendered or self.filter_text != self.rendered_filter:
             self.render_detail(detail)
             self.rendered, self.rendered_filter = detail, self.filter_text
@@ -164,6 +167,12 @@ class DetailScreen(MessageControls):
             )
 
         self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)
+
+
+def why_line(why: Any) -> Content:
+    """`why: VERDICT  detail`, as `okconsole why` prints it (its time words refresh with the screen)."""
+    style = VERDICT_STYLE.get(why.verdict, "b")
+    return content(f"why: [{style}]$verdict[/]  $detail", verdict=why.verdict, detail=why.detail)
 
 
 def payload_view(payload: Any) -> RenderableType:

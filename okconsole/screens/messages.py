@@ -58,6 +58,7 @@ class MessagesScreen(MessageControls):
         Binding("p", "prev_page", "Prev page"),
         Binding("s", "sort", "Reverse sort"),
         Binding("d", "dlq", "Dead letters"),
+        Binding("k", "keys", "Keys board"),
         Binding("y", "copy_id", "Copy id"),
         *[
             Binding(letter, f"sort_by('{column}')", f"Sort by {column}", show=False)
@@ -258,6 +259,9 @@ class MessagesScreen(MessageControls):
 
     def action_dlq(self) -> None:
         self.console.open_dlq(self.signal)
+
+    def action_keys(self) -> None:
+        self.console.open_keys(self.signal)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value:
