@@ -36,7 +36,7 @@ from engine.ops import (
 from . import fmt
 from .cli_tables import CROP, KEEP, WRAP, Column, Grid, render
 from .safe import rich_markup
-from .styles import DEAD_STYLE, PAUSED_STYLE, status_markup
+from .styles import DEAD_STYLE, HEALTH_OK, PAUSED_STYLE, health_style, status_markup, styled
 
 ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
 PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
@@ -108,6 +108,7 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
         return
     table = _grid(
         "Signal",
+        "Health",
         "Kind",
         "Pending",
         "Inflight",
@@ -123,8 +124,16 @@ def render_stats(out: Console, rows: list[SignalStats], db: str) -> None:
         drop=("Description", "Head", "Kind"),
     )
     for r in rows:
-        table.add(rich_markup(r.signal), rich_markup(r.kind), *_stats_figures(r), cell(r.description))
+        table.add(rich_markup(r.signal), _health(r), rich_markup(r.kind), *_stats_figures(r), cell(r.description))
     render(out, table)
+
+
+def _health(r: SignalStats) -> str:
+    """What needs a look, the worst first, each mark in its colour (as the TUI's overview shows it);
+    "ok" with none, "—" for a live signal (no attempts, no leases)."""
+    if r.kind == "live":
+        return "—"
+    return ", ".join(styled(mark, health_style(mark)) for mark in r.health or [HEALTH_OK])
 
 
 def _stats_figures(r: SignalStats) -> list[str]:

@@ -23,6 +23,17 @@ PAUSED_STYLE = "bold yellow"  # a signal an operator paused (stats, the TUI over
 PAUSED_MARK = "paused"  # what marks a paused signal in the TUI overview (a word: every terminal draws it)
 
 
+# a health mark (engine/ops/health.py) by its first word: lost or failing work red, a backlog yellow
+HEALTH_STYLE = {"dead": DEAD_STYLE, "fail": DEAD_STYLE, "orphaned": DEAD_STYLE, "lag": "yellow", "paused": PAUSED_STYLE}
+HEALTH_OK = "ok"  # what a signal with no mark shows
+
+
+def health_style(mark: str) -> str:
+    """The colour of one health mark ("dead+12" is a "dead" one); "ok" is green."""
+    word = mark.split("+", 1)[0].split(" ", 1)[0]
+    return "green" if mark == HEALTH_OK else HEALTH_STYLE.get(word, "bold")
+
+
 def styled(text: str, style: str | None) -> str:
     """`text` (escaped) in `style` as markup; plain when there is no style."""
     return f"[{style}]{escape(text)}[/]" if style else escape(text)

@@ -73,7 +73,7 @@ async def test_once_signal_bound_to_two_flows_by_two_processes_is_warned_listed_
         # the table's repaint and the line's: wait until both are on screen, then read them
         await wait_for(pilot, lambda: "split its messages" in screen_text(app) and "once ⚠" in screen_text(app))
         lines = screen_lines(app)
-        [signal_row] = [line for line in lines if line.split()[:2] == ["orders", "once"]]
+        [signal_row] = [line for line in lines if line.split()[:1] == ["orders"] and "once" in line]
         assert "once ⚠" in signal_row
         [about] = [line for line in lines if "split its messages" in line]
         assert "⚠ 2 flows split its messages: orders.charge, orders.ship (OKE1071)" in about

@@ -28,6 +28,7 @@ from ..store import Store, registry
 from ..store.wake import wake_local
 from . import controls, keyheads, pausing, queries, repair, unbinding, verdict
 from . import doctor as _doctor
+from . import health as _health
 from . import history as _history
 from . import trace as _trace
 from . import why as _why
@@ -163,8 +164,9 @@ async def signal_info(store: Store, name: str) -> SignalInfo | None:
 
 
 async def stats(store: Store) -> list[SignalStats]:
-    """Per signal (recorded ones included at zero): counts by status and the oldest pending age."""
-    return await store.read(queries.stats)
+    """Per signal (recorded ones included at zero): counts by status, the oldest pending age and
+    the health marks of what needs a look (engine/ops/health.py)."""
+    return await store.read(lambda conn: _health.with_health(conn, queries.stats(conn)))
 
 
 async def history(store: Store, signal: str, since_ms: int, until_ms: int | None = None) -> list[HistoryPoint]:

@@ -7,7 +7,7 @@ records, nested ones included) into plain JSON-ready data.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("pending", "inflight", "delivered", "dead")
@@ -93,6 +93,9 @@ class SignalStats:
     kept: int | None = None
     head: str | None = None
     events_per_s: float | None = None
+    # what needs a look (engine/ops/health.py), one short word per reason, the worst first:
+    # "dead+12", "fail 35%", "orphaned 3", "lag 7m", "paused"; empty: nothing does
+    health: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

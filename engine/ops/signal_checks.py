@@ -4,6 +4,8 @@ They must stay cheap on a store of millions of messages, so none scans the messa
 - `dead_letters` and `failure_rate` read the per-minute history (store/history.py: one row per
   signal and minute, read by its (signal, minute) key), so their windows are whole minutes: the
   current one and those before it back to the window's start (up to a minute more than asked).
+  `window_sums` is that read, for every signal at once; the overview's health marks
+  (engine/ops/health.py) use it too, so doctor and the console judge alike.
   The top failure code is read from the newest DEAD_SAMPLE dead letters of the signal (the
   (signal, status, seq) index) and their last failure row (the (message_id, id) index).
 - `blocked_keys` starts from the newest FAILURE_SAMPLE failure rows (the failures' primary key),
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Select, func, select
 
 from ..ids import now_ms
 from ..store import schema
@@ -44,14 +48,45 @@ def _listed(items: Sequence[str]) -> str:
     return "; ".join(items[:SHOWN]) + more
 
 
-def _sums(conn: Connection, signal: str, since_ms: int) -> tuple[int, int, int]:
-    """(delivered, failed, dead) of `signal` in the minutes from the one holding `since_ms` on."""
-    row = conn.execute(
-        select(func.sum(h.c.delivered), func.sum(h.c.failed), func.sum(h.c.dead)).where(
-            h.c.signal == signal, h.c.minute >= minute_of(since_ms)
-        )
-    ).one()
-    return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+@dataclass(frozen=True)
+class WindowSums:
+    """A signal's finished attempts in a window: delivered, failed (retried) and dead."""
+
+    delivered: int = 0
+    failed: int = 0
+    dead: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.delivered + self.failed + self.dead
+
+    @property
+    def failure_share(self) -> float:
+        """Failed and dead attempts over every finished one (0 with none finished)."""
+        return (self.failed + self.dead) / self.finished if self.finished else 0.0
+
+
+def sums_statement(signals: Sequence[str], since_ms: int) -> Select[Any]:
+    """Per signal of `signals`: its history summed over the minutes from the one holding `since_ms`
+    on. The (signal, minute) key bounds it to those minutes of those signals."""
+    return (
+        select(h.c.signal, func.sum(h.c.delivered), func.sum(h.c.failed), func.sum(h.c.dead))
+        .where(h.c.signal.in_(sorted(set(signals))), h.c.minute >= minute_of(since_ms))
+        .group_by(h.c.signal)
+    )
+
+
+def window_sums(conn: Connection, signals: Sequence[str], since_ms: int) -> dict[str, WindowSums]:
+    """`WindowSums` of each of `signals` since `since_ms` (a signal with no history reads zeros)."""
+    found = (
+        {
+            str(r[0]): WindowSums(int(r[1] or 0), int(r[2] or 0), int(r[3] or 0))
+            for r in conn.execute(sums_statement(signals, since_ms))
+        }
+        if signals
+        else {}
+    )
+    return {signal: found.get(signal, WindowSums()) for signal in signals}
 
 
 def _top_code(conn: Connection, signal: str, since_ms: int) -> str | None:
@@ -77,12 +112,13 @@ def _top_code(conn: Connection, signal: str, since_ms: int) -> str | None:
 def dead_letters(conn: Connection, window_ms: int = DEAD_WINDOW_MS) -> DoctorCheck:
     since = now_ms() - window_ms
     found = []
-    for signal in queries.known_signals(conn):
-        dead = _sums(conn, signal, since)[2]
-        if dead:
+    for signal, sums in window_sums(conn, queries.known_signals(conn), since).items():
+        if sums.dead:
             code = _top_code(conn, signal, since)
-            rate = dead / (window_ms / 60_000)
-            found.append(f"{signal}: {dead} new in {window_ms // 60_000} min ({rate:.1f}/min), top code {code or '-'}")
+            rate = sums.dead / (window_ms / 60_000)
+            found.append(
+                f"{signal}: {sums.dead} new in {window_ms // 60_000} min ({rate:.1f}/min), top code {code or '-'}"
+            )
     if not found:
         return DoctorCheck("dead_letters", "ok", f"no dead letter added in the last {window_ms // 60_000} min")
     first = found[0].split(":", 1)[0]
@@ -95,12 +131,11 @@ def dead_letters(conn: Connection, window_ms: int = DEAD_WINDOW_MS) -> DoctorChe
 
 def failure_rate(conn: Connection, window_ms: int = FAILURE_WINDOW_MS, limit: float = FAILURE_RATE) -> DoctorCheck:
     since = now_ms() - window_ms
-    high = []
-    for signal in queries.known_signals(conn):
-        delivered, failed, dead = _sums(conn, signal, since)
-        finished = delivered + failed + dead
-        if finished and (failed + dead) / finished >= limit:
-            high.append(f"{signal}: {(failed + dead) / finished:.0%} of {finished} attempts failed")
+    high = [
+        f"{signal}: {sums.failure_share:.0%} of {sums.finished} attempts failed"
+        for signal, sums in window_sums(conn, queries.known_signals(conn), since).items()
+        if sums.finished and sums.failure_share >= limit
+    ]
     minutes = window_ms // 60_000
     if not high:
         return DoctorCheck("failure_rate", "ok", f"under {limit:.0%} of attempts failed in the last {minutes} min")

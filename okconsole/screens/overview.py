@@ -14,13 +14,15 @@ from engine import ops
 
 from .. import fmt
 from ..safe import assemble, cell, content
-from ..styles import DEAD_STYLE, PAUSED_MARK, PAUSED_STYLE
+from ..styles import DEAD_STYLE, HEALTH_OK, PAUSED_MARK, PAUSED_STYLE, health_style
 from ..widgets.tui_tables import Table, sync_rows
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen
 
 COLUMNS = [
     ("signal", "Signal"),
+    # right after the name, so no narrow terminal hides it: "ok", or why the signal needs a look
+    ("health", "Health"),
     ("kind", "Kind"),
     ("pending", "Pending"),
     ("inflight", "Inflight"),
@@ -95,6 +97,7 @@ class OverviewScreen(ConsoleScreen):
         table = self.query_one("#signals", DataTable)
         self.fit_columns()
         shown = [c for c, _ in COLUMNS if c in table.columns]
+        wide = self.app.size.width >= SPARKLINE_MIN_WIDTH
         keep = text_filter(self.filter_text) if self.filter_text else None
         now = time.monotonic()
         wanted: dict[str, list[Any]] = {}
@@ -105,9 +108,9 @@ class OverviewScreen(ConsoleScreen):
             rate, dead_rate = self.rates(row, (heads or {}).get(row.signal, 0), now)
             spark = self.history.setdefault(row.signal, deque(maxlen=HISTORY))
             spark.append(rate + dead_rate)
-            if keep is not None and not keep(f"{row.signal} {row.kind}"):
+            if keep is not None and not keep(f"{row.signal} {row.kind} {' '.join(row.health)}"):
                 continue
-            cells = row_cells(row, (rate, dead_rate), list(spark), retained.get(row.signal, 0))
+            cells = row_cells(row, (rate, dead_rate), list(spark), retained.get(row.signal, 0), narrow=not wide)
             wanted[row.signal] = cells[: len(shown)]
         sync_rows(table, list(wanted.items()), shown)
         if not stats:
@@ -228,12 +231,14 @@ def split_once(row: Any) -> bool:
     return row.kind == "once" and len(row.flows) > 1
 
 
-def row_cells(row: Any, rates: tuple[float, float], spark: list[float], retained: int) -> list[Any]:
-    """One overview row: a live tape shows what it keeps, a queue its counts by status, its lag
-    and its delivered/s beside its dead/s."""
+def row_cells(
+    row: Any, rates: tuple[float, float], spark: list[float], retained: int, narrow: bool = False
+) -> list[Any]:
+    """One overview row: a live tape shows what it keeps, a queue its health, its counts by
+    status, its lag and its delivered/s beside its dead/s (`narrow`: only the worst health mark)."""
     rate, dead_rate = rates
     if row.kind == "live":
-        cells = [row.signal, "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", "—"]
+        cells = [row.signal, "—", "live", "—", "—", f"{retained} kept", "—", "—", f"{rate:.1f}", "—"]
         return [cell(c) for c in (*cells, fmt.sparkline(spark))]
     dead = cell(str(row.dead), DEAD_STYLE) if row.dead else cell("0")
     lag = fmt.span(row.lag_ms) if row.lag_ms is not None else "—"
@@ -243,4 +248,19 @@ def row_cells(row: Any, rates: tuple[float, float], spark: list[float], retained
         kind.append(PAUSED_MARK, PAUSED_STYLE)
     counts = [cell(str(row.pending)), cell(str(row.inflight)), cell(str(row.delivered)), dead]
     dead_cell = cell(f"{dead_rate:.1f}", DEAD_STYLE) if dead_rate else cell("0.0")
-    return [cell(row.signal), kind, *counts, cell(lag), cell(f"{rate:.1f}"), dead_cell, cell(fmt.sparkline(spark))]
+    rest = [cell(lag), cell(f"{rate:.1f}"), dead_cell, cell(fmt.sparkline(spark))]
+    return [cell(row.signal), health_cell(row.health, narrow), kind, *counts, *rest]
+
+
+def health_cell(marks: list[str], narrow: bool = False) -> Any:
+    """The signal's health marks, the worst first, each in its colour; "ok" in green with none.
+    `narrow` (an 80-column terminal): the worst one, then "…" when there are more."""
+    if not marks:
+        return cell(HEALTH_OK, health_style(HEALTH_OK))
+    if narrow:
+        return assemble((marks[0], health_style(marks[0])), " …" if len(marks) > 1 else "")
+    pieces: list[Any] = []
+    for mark in marks:
+        pieces += [", "] if pieces else []
+        pieces.append((mark, health_style(mark)))
+    return assemble(*pieces)
