@@ -372,6 +372,7 @@ def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
             style = "dim" if x.code == "replayed" else ""
             table.add(when(x.at), str(x.attempt), rich_markup(x.code), readable(x.message, full), style=style)
         render(out, table)
+        _render_tracebacks(out, d.failures, full)
     else:
         out.print("[dim]no failures[/]")
     if d.trace:
@@ -379,6 +380,17 @@ def render_show(out: Console, d: MessageDetail, full: bool = False) -> None:
         anchor = d.runs[-1].run_id if d.runs else None
         for root in d.trace:
             render_trace(out, root, anchor)
+
+
+def _render_tracebacks(out: Console, failures: list[Any], full: bool) -> None:
+    """The last failed attempt's traceback; with `full` every attempt's, newest first."""
+    traced = [x for x in reversed(failures) if x.traceback]
+    for x in traced if full else traced[:1]:
+        out.print()
+        out.print(f"[bold]traceback of attempt {x.attempt}[/] [dim]({when(x.at)})[/]")
+        out.print(readable(x.traceback, full))
+    if traced and not full and len(traced) > 1:
+        out.print(f"[dim]{len(traced) - 1} earlier attempt(s) have a traceback too: show --full prints them[/]")
 
 
 def render_replay(out: Console, signal: str, result: Replayed | ReplayPreview) -> None:

@@ -172,7 +172,7 @@ def test_show_json_has_payload_failures_lease_blocker_and_trace(db_url, shop):
     data = as_json(cli("--db", db_url, "show", ids["bad1"], "--json"))
     assert data["id"] == ids["bad1"] and data["status"] == "dead" and data["payload"] == {"to": "bad1@x.co"}
     assert [(f["code"], f["attempt"]) for f in data["failures"]] == [("E_BOOM", 1), ("E_BOOM", 2)]
-    assert all(set(f) == {"code", "message", "at", "attempt"} and isinstance(f["at"], int)
+    assert all(set(f) == {"code", "message", "at", "attempt", "traceback"} and isinstance(f["at"], int)
                for f in data["failures"])
     assert data["lease"] == {"locked_by": None, "lease_expires_at": None, "reclaimable": False,
                             "orphaned": False}
@@ -202,7 +202,7 @@ def test_dlq_and_failures_json(db_url, shop):
     for d in letters:
         assert set(d) == DEAD_LETTER_FIELDS
         assert d["status"] == "dead" and d["signal"] == "shop.email" and d["attempts"] == 2
-        assert [set(f) for f in d["failures"]] == [{"code", "message", "at", "attempt"}] * 2
+        assert [set(f) for f in d["failures"]] == [{"code", "message", "at", "attempt", "traceback"}] * 2
     assert letters[0]["payload"] == {"to": "bad2@x.co"} and letters[0]["key"] == "u2"
     assert as_json(cli("--db", db_url, "dlq", "shop.audit", "--json")) == []
     assert [d["id"] for d in as_json(cli("--db", db_url, "dlq", "shop.email", "--limit", "1", "--json"))] == \

@@ -164,8 +164,15 @@ async def test_big_payload_and_long_traceback_are_cut_with_a_note(sqlite_url):
 
         app.open_detail(seeded.dead_ids[3])
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen) and "· Traceback" in screen_text(app))
-        app.screen.query_one("#failures", VerticalScroll).scroll_end(animate=False)
+        failures = app.screen.query_one("#failures", VerticalScroll)
+        failures.scroll_end(animate=False)  # the end is the attempt's traceback, its last 8 KiB
+        await wait_for(pilot, lambda: "… cut: the last 8,192 of" in screen_text(app) or failures.scroll_y > 0)
         _head, left_out = cut(LONG_ERROR)
+        for _ in range(200):  # page up to where the message was cut
+            if more_note(left_out) in screen_text(app):
+                break
+            failures.scroll_page_up(animate=False)
+            await pilot.pause(0.05)
         await wait_for(pilot, lambda: more_note(left_out) in screen_text(app))
         assert 'File "[/x.py]", line 1, in <module>' in shows(app)
 

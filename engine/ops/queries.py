@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select, text
+from sqlalchemy import Connection, and_, func, null, or_, select, text
 
 from ..ids import now_ms
 from ..live import tape as live
@@ -273,18 +273,22 @@ def _message_row(r: Any) -> MessageRow:
     )
 
 
-def failures_of(conn: Connection, message_ids: list[str]) -> dict[str, list[Failure]]:
-    """Failure history per message, oldest first (replay markers included, code "replayed")."""
+def failures_of(conn: Connection, message_ids: list[str], tracebacks: bool = False) -> dict[str, list[Failure]]:
+    """Failure history per message, oldest first (replay markers included, code "replayed"), with
+    each attempt's traceback when `tracebacks` (one message's history: `show`)."""
     out: dict[str, list[Failure]] = defaultdict(list)
+    columns = [f.c.message_id, f.c.code, f.c.message, f.c.at, f.c.attempt]
     for start in range(0, len(message_ids), CHUNK):
         chunk = message_ids[start : start + CHUNK]
         rows = conn.execute(
-            select(f.c.message_id, f.c.code, f.c.message, f.c.at, f.c.attempt)
+            select(*columns, f.c.traceback if tracebacks else null().label("traceback"))
             .where(f.c.message_id.in_(chunk))
             .order_by(f.c.id)
         )
         for r in rows:
-            out[r.message_id].append(Failure(code=r.code, message=r.message, at=r.at, attempt=r.attempt))
+            out[r.message_id].append(
+                Failure(code=r.code, message=r.message, at=r.at, attempt=r.attempt, traceback=r.traceback)
+            )
     return out
 
 
@@ -371,7 +375,7 @@ def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_
         updated_at=row.updated_at,
         finished_at=row.finished_at,
         parent_run_id=row.parent_run_id,
-        failures=failures_of(conn, [row.id]).get(row.id, []),
+        failures=failures_of(conn, [row.id], tracebacks=True).get(row.id, []),
         lease=lease,
         blocked_by=blocker,
         runs=runs,

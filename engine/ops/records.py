@@ -48,12 +48,17 @@ class UnknownRun(LookupError):
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt, or (code "replayed") an operator's replay marker."""
+    """One failed attempt, or (code "replayed") an operator's replay marker.
+
+    `traceback`: the handler's (its last 8 KiB), read by `show` only (a list of dead letters would
+    carry up to 8 KiB an attempt); None there, for a failure no handler raised (a cancel, an
+    unbind), and for one recorded before okengine kept them."""
 
     code: str
     message: str
     at: int
     attempt: int
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class Outcome(NamedTuple):
     message: str | None = None
     carried: str | None = None  # after a traced failure: the traceparent column's new value
     retry_in_ms: int | None = None  # a failure under a back-off: due again this long after it
+    traceback: str | None = None  # a failure: the handler's traceback, its last 8 KiB
 
 
 # Keys are indexed beside the queue name (up to 401 characters) and PostgreSQL's btree rows hold
@@ -151,6 +152,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     3: migrations.add_message_timing,  # 3 -> 4: run_at, priority, dedupe (time and order options)
     4: migrations.collate_names_bytewise,  # 4 -> 5: names and ids compare bytewise on PostgreSQL
     5: migrations.add_audit_source,  # 5 -> 6: where an audited write came from (okconsole web)
+    6: migrations.add_failure_traceback,  # 6 -> 7: each failure's traceback
 }
 
 

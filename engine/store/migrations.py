@@ -27,6 +27,9 @@ _V4_COLUMNS = {
 # the column version 6 added to oke_audit (NULL: a write not made from `okconsole web`)
 _V6_COLUMNS = {"oke_audit": {"source": "TEXT"}}
 
+# the column version 7 added to oke_failures (NULL: no traceback recorded)
+_V7_COLUMNS = {"oke_failures": {"traceback": "TEXT"}}
+
 
 def _add_columns(conn: Connection, tables: dict[str, dict[str, str]]) -> None:
     found = inspect(conn)
@@ -75,3 +78,9 @@ def collate_names_bytewise(conn: Connection) -> None:
 def add_audit_source(conn: Connection) -> None:
     """5 -> 6: the audit's `source`, added in place; rows written before read as NULL (not recorded)."""
     _add_columns(conn, _V6_COLUMNS)
+
+
+def add_failure_traceback(conn: Connection) -> None:
+    """6 -> 7: failures' `traceback`, added in place (no table rewrite on either store); failures
+    recorded before read as NULL (no traceback kept)."""
+    _add_columns(conn, _V7_COLUMNS)

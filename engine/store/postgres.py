@@ -675,6 +675,7 @@ async def _fail_with_runs(
             out.run_id,
             out.retry_in_ms,
             out.carried,
+            out.traceback,
         )
         if status is not None:
             held_attempts.add((c.seq, c.attempts))

@@ -19,7 +19,8 @@ from sqlalchemy.engine import Dialect
 #    per signal and minute history (oke_history, store/history.py)
 # 5: names and ids compare bytewise on PostgreSQL (COLLATE "C"), whatever the database's locale
 # 6: the audit's source (where a write came from: `okconsole web` records the browser's address)
-SCHEMA_VERSION = 6
+# 7: failures' traceback (the handler's, its last 8 KiB)
+SCHEMA_VERSION = 7
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -271,6 +272,9 @@ failures = Table(
     Column("run_id", Name(40)),
     # "failure" for a failed attempt, "replayed" for an operator's replay marker.
     Column("kind", Name(10), nullable=False, server_default=text("'failure'")),
+    # The handler's traceback, its last 8 KiB (engine/worker/failures.py); NULL for a failure no
+    # handler raised (a cancel, an unbind, a replay marker) and for rows written before schema 7.
+    Column("traceback", Text),
 )
 Index("oke_failures_message", failures.c.message_id, failures.c.id)
 

@@ -78,6 +78,7 @@ def _settle_row(o: Outcome) -> Row:
         o.message,
         o.carried,
         o.retry_in_ms,
+        o.traceback,
     )
 
 

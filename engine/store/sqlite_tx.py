@@ -50,6 +50,7 @@ class SettleRow(NamedTuple):
     message: str | None
     carried: str | None
     retry_in_ms: int | None
+    traceback: str | None
 
 
 def in_write_tx(raw: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -185,6 +186,7 @@ def _settle_one(
                 "message": out.message,
                 "at": out.ended_at,
                 "run_id": out.run_id,
+                "traceback": out.traceback,
             },
         )
 

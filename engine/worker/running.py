@@ -13,7 +13,7 @@ from ..fx import Fx
 from ..ids import new_id, now_ms
 from ..store import Claimed, Outcome
 from .averages import ewma
-from .failures import failure_code, failure_message
+from .failures import failure_code, failure_message, failure_traceback
 from .invoking import call_handler, call_within_timeout
 from .state import PoolState, log
 from .turns import Resumed
@@ -98,7 +98,7 @@ class Running(PoolState):
             signal=claimed.signal,
             claimed=claimed,
         )
-        code = message = None
+        code = message = trace = None
         error: BaseException | None = None
         watch = self.hooks.begin(route, claimed, fx)
         try:
@@ -118,17 +118,29 @@ class Running(PoolState):
                 raise  # stopping: leave the message inflight, reclaimable after its lease
             # the handler's own code raised it (it awaited something cancelled): a failure
             ok, error = False, exc
-            code, message = failure_code(exc), failure_message(exc)
+            code, message, trace = failure_code(exc), failure_message(exc), failure_traceback(exc)
         except Exception as exc:
             ok, error = False, exc
-            code, message = failure_code(exc), failure_message(exc)
+            code, message, trace = failure_code(exc), failure_message(exc), failure_traceback(exc)
         finally:
             self.held -= 1  # ended, with an outcome or (stopping) without one
         carried = None if watch is None else self.hooks.end(watch, route, claimed, error)  # metrics, tracing
         backoff = route.signal.backoff
         retry_in = backoff.delay_after(claimed.attempts) if backoff is not None and not ok else None
         self.pending_outcomes.append(
-            Outcome(claimed, fx.run_id, route.flow.name or "", ok, started, now_ms(), code, message, carried, retry_in)
+            Outcome(
+                claimed,
+                fx.run_id,
+                route.flow.name or "",
+                ok,
+                started,
+                now_ms(),
+                code,
+                message,
+                carried,
+                retry_in,
+                trace,
+            )
         )
         self.outcome_ready.set()
 

@@ -59,7 +59,10 @@ def show(
     message_id: str = typer.Argument(..., metavar="ID", help="A message id."),
     as_json: bool = JSON_OPTION,
     full: bool = typer.Option(
-        False, "--full", help="Print the whole payload and failure texts (else each is cut at 64 KiB)."
+        False,
+        "--full",
+        help="Print the whole payload and failure texts (else each is cut at 64 KiB) and every "
+        "attempt's traceback (else the last one's).",
     ),
 ) -> None:
     """One message: payload, every failure, its lease, what blocks it, its trace."""

@@ -218,7 +218,8 @@ def lease_lines(d: Any) -> list[Content]:
 def failure_lines(failures: list[Any]) -> Text:
     """Every failure, newest first: `attempt N · CODE`, its time on a line of its own (so it is never
     split), then its message, which wraps by words at any width (a table would cut it at 80 columns);
-    a message (a traceback) over 64 KiB is cut, saying how much more there is."""
+    a message over 64 KiB is cut, saying how much more there is. Then the attempt's traceback (its
+    last 8 KiB as recorded), dimmed under a `traceback` line."""
     text = Text()
     for f in reversed(failures):
         style = "b cyan" if f.code == "replayed" else DEAD_STYLE
@@ -230,5 +231,11 @@ def failure_lines(failures: list[Any]) -> Text:
         if f.message:
             text.append("  ")
             text.append(pane(f.message))
+            text.append("\n")
+        if f.traceback:
+            text.append("  traceback\n", "b")
+            trace = pane(f.traceback)
+            trace.stylize("dim")
+            text.append(trace)
             text.append("\n")
     return text if text else Text("none", "dim")

@@ -61,8 +61,8 @@ RETURNING status
 """
 
 SQLITE_FAILURE_ROW = """
-INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-VALUES (:message_id, :attempt, :code, :message, :at, :run_id, 'failure')
+INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind, traceback)
+VALUES (:message_id, :attempt, :code, :message, :at, :run_id, 'failure', :traceback)
 """
 
 SQLITE_RUN_COLUMNS = (
@@ -110,7 +110,8 @@ SELECT seq, attempts FROM acked
 """
 
 # $9: the back-off in ms (NULL: due again at once), from PostgreSQL's clock like the claim's;
-# $10: after a traced failure, the traceparent column's new value (NULL: unchanged).
+# $10: after a traced failure, the traceparent column's new value (NULL: unchanged); $11: the
+# handler's traceback.
 POSTGRES_FAIL = """
 WITH u AS (
   UPDATE oke_messages
@@ -125,8 +126,8 @@ WITH u AS (
    WHERE seq = $1::bigint AND attempts = $2::int AND locked_by = $4::text AND status = 'inflight'
   RETURNING id, attempts, status),
 f AS (
-  INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind)
-  SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure' FROM u)
+  INSERT INTO oke_failures (message_id, attempt, code, message, at, run_id, kind, traceback)
+  SELECT id, attempts, $5::text, $6::text, $7::bigint, $8::text, 'failure', $11::text FROM u)
 SELECT status FROM u
 """
 
