@@ -1,51 +1,91 @@
-"""A claim lane: claim (carrying pending outcomes where the store settles with claims), start the
-batch, and when the queues are empty wait for work, or (drain) tell whether everything is idle."""
+"""The claimer: claim lanes that ask the store for work, sized ahead of the free slots
+(claim_ahead.py), carrying the settler's pending outcomes where the store settles with claims;
+when the queues are empty they wait for work, or (drain) tell whether everything is idle."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+from ..runtime import Runtime
 from ..store import Claimed
 from ..store.outage import is_outage
 from ..store.wake import Waker
 from .averages import ewma
-from .handoff import Handoff
-from .pausing import Pausing
-from .settling import Settling
-from .state import log
+from .claim_ahead import claim_ahead, claim_size
+from .handoff import HandoffOffer
+from .pausing import PauseWatcher
+from .running import Runner
+from .settling import Settler
 from .waiting import IDLE_POLL_S, Backoff, wait_any
+from .worker_store import WorkerStore
+
+log = logging.getLogger("engine.worker")
 
 
-class Claiming(Handoff, Settling, Pausing):
-    """The claim lanes of a pool."""
+class Claimer:
+    """Owns the claims in flight (the rows they asked for), the claim-time average, and which lane
+    listens for work while the others wait for a burst. It asks the runner how much it holds, the
+    settler for outcomes to carry, the pause watcher which queues to claim from."""
 
-    async def _claim_loop(self, waker: Waker, until_idle: bool) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: WorkerStore,
+        queues: list[str],
+        concurrency: int,
+        runner: Runner,
+        settler: Settler,
+        pauses: PauseWatcher,
+        offer: HandoffOffer,
+    ) -> None:
+        self._runtime, self._store, self._queues, self._concurrency = runtime, store, queues, concurrency
+        self._runner, self._settler, self._pauses, self._offer = runner, settler, pauses, offer
+        self._requested = 0  # rows asked for by claims in flight
+        self._claim_s = 0.0  # moving average; 0 until measured (no claiming ahead before that)
+        self._listening = False  # an idle lane waits for wake-ups; the others for `_burst`
+        self._burst = asyncio.Event()  # a claim came back full: there may be more work than one lane takes
+
+    def wants_work(self) -> bool:
+        """A lane waits for work and a slot is free (neither held nor asked for): what an offer to
+        emits needs (handoff.py)."""
+        return self._listening and self._runner.held + self._requested < self._concurrency
+
+    def size(self) -> int:
+        """How many messages the next claim asks for (claim_ahead.py), counting what is held and
+        what claims in flight asked for."""
+        store, concurrency = self._store, self._concurrency
+        ahead = claim_ahead(
+            concurrency, self._claim_s, self._runner.handler_s, store.concurrent_claims, store.claim_rows_max
+        )
+        return claim_size(self._runner.held + self._requested, concurrency, ahead, store.claim_rows_max)
+
+    async def run_lane(self, waker: Waker, until_idle: bool) -> None:
         """One lane, until stopped, or (`until_idle`) until nothing is eligible and nothing runs."""
-        stop = self.runtime.stop
+        stop = self._runtime.stop
         backoff = Backoff()
         while not stop.is_set():
-            # Before the size: from the size on, nothing awaits until `requested` counts it, so two
+            # Before the size: from the size on, nothing awaits until `_requested` counts it, so two
             # lanes never both ask for the same free slots.
-            queues = await self._claimable_queues()
-            size = self._claim_size()
+            queues = await self._pauses.claimable_queues()
+            size = self.size()
             if size <= 0:
                 # No claim until a slot frees (the slots and the claimed-ahead messages are all
                 # taken): outcomes must not wait for one, they go to the settler meanwhile.
-                self._claim_idle()
-                self.slot_free.clear()
-                await wait_any(self.slot_free, stop)
+                self._settler.claim_idle()
+                await self._runner.wait_for_room(stop)
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
                 continue
-            settles_before = self.settle_count
+            settles_before = self._settler.count
             claim = await self._claim(waker, size, backoff, queues)
             if claim is None:
                 continue  # an outage, its back-off waited out
             batch, claimed_at = claim
             if batch:
                 if len(batch) == size:
-                    self.burst.set()  # there may be more: an idle lane claims too
-                self._start(batch, claimed_at)
+                    self._burst.set()  # there may be more: an idle lane claims too
+                self._runner.start(batch, claimed_at)
                 await asyncio.sleep(0)  # the handlers start before this lane prepares its next claim
                 continue
             if until_idle:
@@ -62,59 +102,62 @@ class Claiming(Handoff, Settling, Pausing):
         waker.clear()
         if not queues:  # every signal of this pool is paused: nothing to claim (outcomes go to the settler)
             return [], time.monotonic()
-        outcomes = self._outcomes_for_claim()
-        self.requested += size
+        settler, runtime = self._settler, self._runtime
+        outcomes = settler.lend_to_claim()
+        self._requested += size
         started = time.monotonic()
-        runtime = self.runtime
         try:
             if outcomes:
-                _held, batch = await self.store.settle_and_claim(
+                _held, batch = await self._store.settle_and_claim(
                     runtime.worker_id, outcomes, queues, runtime.lease_ms, size
                 )
             else:
-                batch = await self.store.claim(queues, runtime.worker_id, runtime.lease_ms, size)
+                batch = await self._store.claim(queues, runtime.worker_id, runtime.lease_ms, size)
             backoff.reset()
-            self.store_back.set()
-            self.claim_s = ewma(self.claim_s, time.monotonic() - started)
+            settler.store_answered()
+            self._claim_s = ewma(self._claim_s, time.monotonic() - started)
             return batch, started
         except Exception as err:
             if outcomes:  # not settled: back to the settler, which retries or gives up as usual
-                self.pending_outcomes[:0] = outcomes
-                self.outcome_ready.set()
+                settler.take_back(outcomes)
             if not is_outage(err):
                 raise
             await self._back_off(err, waker, backoff)
             return None
         finally:
-            self.requested -= size
-            self.slot_free.set()  # what this claim asked for is free to ask for again, whatever it got
+            self._requested -= size
+            self._runner.room_changed()  # what this claim asked for is free to ask for again, whatever it got
             if outcomes:
-                self._end_settle()
-                self.settled.set()
+                settler.claim_over()
 
     async def _back_off(self, err: Exception, waker: Waker, backoff: Backoff) -> None:
         """After a claim lost to an outage: wait before the next one."""
         log.warning("claim failed (%s: %s); retrying in %.2fs", type(err).__name__, err, backoff.delay)
         # a wake-up (the LISTEN connection is back, a local emit landed) cuts the back-off short
-        await wait_any(self.runtime.stop, waker.event, timeout=backoff.delay)
+        await wait_any(self._runtime.stop, waker.event, timeout=backoff.delay)
         backoff.grow()
 
     async def _drained(self, waker: Waker, settles_before: int) -> bool:
         """After an empty claim in a drain: True when nothing runs, waits or changed meanwhile;
         else False once there may be work again (claim now, or after a wait)."""
-        self._claim_idle()
-        if not self.running and not self.pending_outcomes and not self.settles_in_flight:
+        runner, settler = self._runner, self._settler
+        settler.claim_idle()
+        if not runner.busy() and not settler.busy():
             # A settle that landed during the claim: claim again now. Waiting for its `settled`
             # could wait out IDLE_POLL_S, since the other lane may have cleared it already.
-            return settles_before == self.settle_count
-        # Not slot_free: every claim's `finally` sets it, so two lanes would wake each other
-        # into empty claims for as long as a handler runs. A finished handler (the drain may
+            return settles_before == settler.count
+        # Not the runner's room: every claim ends by signalling it, so two lanes would wake each
+        # other into empty claims for as long as a handler runs. A finished handler (the drain may
         # be over), a settle (work may be eligible again) or an emit is what counts here.
         await wait_any(
-            self.handler_done, self.settled, self.runtime.stop, waker.event, timeout=self._idle_poll_s(IDLE_POLL_S)
+            runner.handler_done,
+            settler.settled,
+            self._runtime.stop,
+            waker.event,
+            timeout=self._pauses.idle_poll_s(IDLE_POLL_S),
         )
-        self.handler_done.clear()
-        self.settled.clear()
+        runner.handler_done.clear()
+        settler.settled.clear()
         return False
 
     async def _wait_for_work(self, waker: Waker) -> None:
@@ -123,25 +166,26 @@ class Claiming(Handoff, Settling, Pausing):
 
         One idle lane waits so; the others wait for its claim to come back full (a burst), so one
         emit to an idle worker costs one claim, not one a lane, each slowing the other."""
-        self._claim_idle()
-        if self.lane_listening:
-            await wait_any(self.burst, self.runtime.stop)
-            self.burst.clear()
+        self._settler.claim_idle()
+        stop = self._runtime.stop
+        if self._listening:
+            await wait_any(self._burst, stop)
+            self._burst.clear()
             return
-        self.lane_listening = True
+        self._listening = True
         try:
-            await self._offer_idle()  # an emit may hand its message to this pool now (handoff.py)
-            timeout = self._idle_poll_s(await self._until_next_due())
-            if not self.runtime.stop.is_set():  # from here a stop wakes the waker (pool.py)
+            await self._offer.offer_idle()  # an emit may hand its message to this pool now (handoff.py)
+            timeout = self._pauses.idle_poll_s(await self._until_next_due())
+            if not stop.is_set():  # from here a stop wakes the waker (pool.py)
                 await waker.wait(timeout)
         finally:
-            self.lane_listening = False
+            self._listening = False
 
     async def _until_next_due(self) -> float:
         """Seconds to sleep when idle: until the earliest not-yet-due message is due, at most
         IDLE_POLL_S (a delay emitted meanwhile wakes the worker through its emit's wake-up)."""
         try:
-            due_in_ms = await self.store.next_due_in_ms(self.queues)
+            due_in_ms = await self._store.next_due_in_ms(self._queues)
         except Exception as err:
             if not is_outage(err):
                 raise

@@ -12,17 +12,24 @@ What the claim path does not have: a worker cut off by a silent partition while 
 (its LISTEN connection's backend still alive to the server) may be handed a message it never
 runs, which waits out its lease like a claimed one (no loss: it is reclaimed then). A worker
 killed, or whose connection or server went away, is passed over (sql/handoff.py). A stopping pool
-withdraws its offer first and hands back what it is still handed.
+withdraws its offer first and hands back what it is still handed. Why and what it gained:
+docs/design/idle-handoffs.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
 
+from ..runtime import Runtime
 from ..store.outage import is_outage
-from .claim_ahead import ClaimAhead
-from .state import log
+from .pausing import PauseWatcher
+from .running import Runner
+from .worker_store import WorkerStore
+
+log = logging.getLogger("engine.worker")
 
 # An offer not renewed lapses after this long (a worker killed while idle is handed nothing after).
 OFFER_HOLD_MS = 3_000
@@ -30,24 +37,42 @@ OFFER_HOLD_MS = 3_000
 OFFER_RENEW_S = 1.0
 
 
-class Handoff(ClaimAhead):
-    """The pool's offer to emits, and the messages they hand it."""
+class HandoffOffer:
+    """Owns the pool's standing offer to emits (its queues and when it was made), the subscription
+    to take notices, and the reads of handed messages under way. `wants_work` asks the claimer
+    whether a lane waits for work with a slot free: only then is the pool offered."""
 
-    async def _offer_idle(self) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        runtime: Runtime,
+        pauses: PauseWatcher,
+        runner: Runner,
+        wants_work: Callable[[], bool],
+    ) -> None:
+        self._store, self._runtime, self._pauses, self._runner = store, runtime, pauses, runner
+        self._wants_work = wants_work
+        self._offered: list[str] = []
+        self._offered_at = float("-inf")
+        self._stop_taking: Callable[[], None] | None = None
+        self._takes: set[asyncio.Task[None]] = set()
+        self._closed = False  # the run is over: whatever is still handed goes back
+
+    async def offer_idle(self) -> None:
         """Before an idle lane waits: offer the pool to emits of its claimable queues, unless a
         valid offer stands, no slot is free, or the pool is stopping. An outage skips the offer
         (the next claim meets it)."""
-        store = self.store
-        if not store.hands_off or self.runtime.stop.is_set() or self.held + self.requested >= self.concurrency:
+        store, runtime = self._store, self._runtime
+        if not store.hands_off or runtime.stop.is_set() or not self._wants_work():
             return
-        queues = self.claimable
-        if not queues or (self.offered_at > time.monotonic() - OFFER_RENEW_S and self.offered == queues):
+        queues = self._pauses.claimable
+        if not queues or (self._offered_at > time.monotonic() - OFFER_RENEW_S and self._offered == queues):
             return
-        if self.stop_taking is None:
-            self.stop_taking = store.on_handed(self.runtime.worker_id, self._handed)
+        if self._stop_taking is None:
+            self._stop_taking = store.on_handed(runtime.worker_id, self._handed)
         try:
-            if await store.offer_idle(self.runtime.worker_id, queues, self.runtime.lease_ms, OFFER_HOLD_MS):
-                self.offered, self.offered_at = queues, time.monotonic()
+            if await store.offer_idle(runtime.worker_id, queues, runtime.lease_ms, OFFER_HOLD_MS):
+                self._offered, self._offered_at = queues, time.monotonic()
         except Exception as err:
             if not is_outage(err):
                 raise
@@ -55,23 +80,23 @@ class Handoff(ClaimAhead):
 
     def _handed(self, seq: int) -> None:
         """An emit took the offer and handed this pool message `seq` (called on the LISTEN connection)."""
-        self.offered_at = float("-inf")  # consumed: the next offer is a new one
-        task = asyncio.get_running_loop().create_task(self._take(seq), name="oke-take")
-        self.takes.add(task)
-        task.add_done_callback(self.takes.discard)
+        self._offered_at = float("-inf")  # consumed: the next offer is a new one
+        task = asyncio.get_running_loop().create_task(self.take(seq), name="oke-take")
+        self._takes.add(task)
+        task.add_done_callback(self._takes.discard)
 
-    async def _take(self, seq: int) -> None:
+    async def take(self, seq: int) -> None:
         """Read the handed message and start it; a stopping pool hands it back instead. The emit
         began its lease before its commit and the take notice (which a slow link delays), so the
         read says how much is left by the store's clock; counted from before the read was sent, the
         worker never reckons more than there is, and a message with less than leases.py's share
         left is renewed before its handler starts, as a claimed-ahead one is."""
-        worker_id = self.runtime.worker_id
+        worker_id, lease_ms = self._runtime.worker_id, self._runtime.lease_ms
         sent_at = time.monotonic()
         try:
-            batch, lease_left_ms = await self.store.handed(worker_id, seq)
-            if batch and (self.stopping or self.runtime.stop.is_set()):
-                await self.store.hand_back(worker_id, batch)
+            batch, lease_left_ms = await self._store.handed(worker_id, seq)
+            if batch and (self._closed or self._runtime.stop.is_set()):
+                await self._store.hand_back(worker_id, batch)
                 return
         except Exception as err:
             if not is_outage(err):
@@ -80,30 +105,34 @@ class Handoff(ClaimAhead):
                         type(err).__name__, err)  # fmt: skip
             return
         if batch and lease_left_ms is not None:
-            self._start(batch, sent_at + (lease_left_ms - self.runtime.lease_ms) / 1000)
+            self._runner.start(batch, sent_at + (lease_left_ms - lease_ms) / 1000)
         await asyncio.sleep(0)  # a fast handler ends before the pool offers itself again
-        if self.lane_listening:
-            await self._offer_idle()
+        await self.offer_idle()  # while a lane still waits for work with a slot free
 
-    async def _withdraw_offer(self) -> None:
+    async def withdraw(self) -> None:
         """At the end of a run: no emit hands this pool anything more, and what it was handed
         meanwhile is started or handed back. Best effort: an offer left behind lapses by itself."""
-        if self.stop_taking is None:
+        if self._stop_taking is None:
             return
         try:
-            await self.store.withdraw_idle(self.runtime.worker_id)
+            await self._store.withdraw_idle(self._runtime.worker_id)
         except Exception as err:
             if not is_outage(err):
                 raise
             log.warning("could not withdraw the offer to emits (%s: %s); it lapses within %d ms",
                         type(err).__name__, err, OFFER_HOLD_MS)  # fmt: skip
         await asyncio.sleep(0.05)  # a take notice sent just before the withdraw is on its way
-        self._stop_taking()
-        if self.takes:
-            await asyncio.gather(*self.takes, return_exceptions=True)
+        self._unsubscribe()
+        if self._takes:
+            await asyncio.gather(*self._takes, return_exceptions=True)
 
-    def _stop_taking(self) -> None:
-        """Hear no more take notices (an offer left standing lapses by itself)."""
-        if self.stop_taking is not None:
-            self.stop_taking()
-            self.stop_taking = None
+    def close(self) -> None:
+        """The run is over (or failed): hear no more take notices; one still on its way hands its
+        message back (an offer left standing lapses by itself)."""
+        self._closed = True
+        self._unsubscribe()
+
+    def _unsubscribe(self) -> None:
+        if self._stop_taking is not None:
+            self._stop_taking()
+            self._stop_taking = None
