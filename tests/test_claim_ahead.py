@@ -158,11 +158,10 @@ async def test_every_handler_claimed_ahead_starts_with_nine_tenths_of_its_lease_
 async def test_a_batch_due_a_moment_after_the_first_is_renewed_on_time_not_a_share_of_a_lease_later(db_url):
     """The renewer sleeps until the earliest renewal of all waiting batches. Two batches wait for a
     slot, the first due now and the second 50 ms later: the second's lease is renewed within moments,
-    not when the first (renewed now, so next due half a lease on) is due again. (White-box: the
-    pool's waiting batches are set up directly, on real claims and a real store; with two claim
+    not when the first (renewed now, so next due half a lease on) is due again. (White-box: a
+    waiting line's batches are set up directly, on real claims and a real store; with two claim
     lanes the order of two batches is whichever claim came back first.)"""
-    from engine.worker import WorkerPool
-    from engine.worker.state import Waiting
+    from engine.worker.claim_ahead import AHEAD_LEASE_SHARE, WaitingLine
 
     lease_ms = 4000
     jobs = signal.once("ca.order", retries=3)
@@ -174,15 +173,17 @@ async def test_a_batch_due_a_moment_after_the_first_is_renewed_on_time_not_a_sha
         first = await app.store.claim(["ca.order"], runtime.worker_id, lease_ms, 1)
         second = await app.store.claim(["ca.order"], runtime.worker_id, lease_ms, 1)
         claimed_until = await _lease_until(db_url, second[0].id)
-        pool = WorkerPool(runtime, app._routes(), 1)
+        line = WaitingLine(app.store, runtime.worker_id, lease_ms, lambda: None)
+        share_s = lease_ms / 1000 * AHEAD_LEASE_SHARE
         now = time.monotonic()
-        pool.waiting.extend([Waiting(first, now, now), Waiting(second, now + 0.05, now)])
-        renewer = asyncio.create_task(pool._renew_waiting())
+        line.add(first, now - share_s)  # due now
+        line.add(second, now + 0.05 - share_s)  # due 50 ms later
+        renewer = asyncio.create_task(line.renew_due())
         try:
             await asyncio.sleep(0.6)  # the first's next renewal is 2 s away
             assert await _lease_until(db_url, second[0].id) > claimed_until
         finally:
-            pool.waiting.clear()
+            line.take_unstarted()
             renewer.cancel()
 
 

@@ -1,6 +1,6 @@
 """Handlers of one claimed batch run in turn in one task while each finishes without suspending
-(engine/worker.py `_run_in_turn`); the first that suspends keeps that task, the rest go on in a new
-one. What a handler must not notice: the handlers after a suspended one still start at once (the
+(engine/worker/running.py `Runner._run_waiting`); the first that suspends keeps that task, the rest
+go on in a new one. What a handler must not notice: the handlers after a suspended one still start at once (the
 batch runs concurrently), a handler's own asyncio.timeout() reaches it and no other, its current
 task stays the same across its awaits and is not another waiting handler's, and context
 variables set by one handler are not seen by the next.

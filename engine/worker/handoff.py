@@ -107,7 +107,8 @@ class HandoffOffer:
         if batch and lease_left_ms is not None:
             self._runner.start(batch, sent_at + (lease_left_ms - lease_ms) / 1000)
         await asyncio.sleep(0)  # a fast handler ends before the pool offers itself again
-        await self.offer_idle()  # while a lane still waits for work with a slot free
+        if self._wants_work():  # a lane still waits for work with a slot free
+            await self.offer_idle()
 
     async def withdraw(self) -> None:
         """At the end of a run: no emit hands this pool anything more, and what it was handed

@@ -1,7 +1,7 @@
 """What the worker asks of a store: the calls its objects make, and nothing else of `Store`.
 
 The worker's reach into the store is this one page. A test double implements only these
-(tests/unit/workerkit.py), and a store change that the worker does not see leaves the worker alone.
+(tests/workerkit.py), and a store change that the worker does not see leaves the worker alone.
 `engine.store.Store` satisfies it as it is: mypy checks that where the pool takes `runtime.store`.
 """
 

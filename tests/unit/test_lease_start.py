@@ -1,7 +1,8 @@
 """A handler gets its lease (engine/worker/leases.py): a message claimed ahead that waited for the
 handler slot longer than a tenth of its lease is renewed before its handler starts; one that waited
 less starts on its claim's lease, with no renewal; one whose renewal finds it lost is not started
-here. The worker pool runs for real on a fake monotonic clock and a store double: no database."""
+here. The runner and the hand-off offer run for real on a fake monotonic clock and a store double:
+no database."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from engine import flow, signal
 from engine.runtime import Runtime
 from engine.store import Claimed
 from engine.telemetry import RunHooks
-from engine.worker import WorkerPool, claim_ahead, handoff, running
+from engine.worker import claim_ahead, handoff, running
+from engine.worker.handoff import HandoffOffer
 from engine.worker.leases import START_LEASE_SHARE, START_RENEWALS, start_by
+from engine.worker.pausing import PauseWatcher
 from engine.worker.route import Route
+from engine.worker.running import Runner
 
 LEASE_MS = 10_000
 LEASE_S = LEASE_MS / 1000
@@ -35,7 +39,7 @@ class Clock:
 
 
 class Store:
-    """What the pool asks of a store here: renewals (each a round trip, recorded in `events`) and
+    """What the runner asks of a store here: renewals (each a round trip, recorded in `events`) and
     hand-backs. `holds`: whether this worker still holds the message; `on_renew` runs in each."""
 
     concurrent_claims = 1
@@ -66,7 +70,7 @@ class Store:
 
 
 class Run:
-    """One pool of one slot on `store`: the message "first" holds the slot until `release()`, the
+    """One runner of one slot on `store`: the message "first" holds the slot until `release()`, the
     others start when it frees; every handler start is recorded in `events`."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, holds: bool = True) -> None:
@@ -86,26 +90,28 @@ class Run:
         jobs = signal.once(QUEUE)
         runtime = Runtime(self.store, "w1", LEASE_MS, 1.0, asyncio.Event(), None, RunHooks())  # type: ignore[arg-type]
         self.stop = runtime.stop
-        self.pool = WorkerPool(runtime, {QUEUE: Route(jobs, flow("unit.w", do=handle))}, 1)
+        self.outcomes: list[Any] = []
+        routes = {QUEUE: Route(jobs, flow("unit.w", do=handle))}
+        store: Any = self.store
+        self.runner = Runner(runtime, store, routes, 1, self.outcomes.append)
+        self.offer = HandoffOffer(store, runtime, PauseWatcher(store, routes), self.runner, lambda: False)
 
     async def claim(self, *names: str) -> None:
         """A batch claimed now, by the fake clock; the first message takes the slot at once."""
         batch = [Claimed(n, name, QUEUE, QUEUE, "unit.w", None, f'"{name}"', 1, None) for n, name in enumerate(names)]
-        self.pool._start(batch, self.clock.now)
+        self.runner.start(batch, self.clock.now)
         while ("start", names[0]) not in self.events:
             await asyncio.sleep(0)
         await asyncio.sleep(0.01)  # the lease renewer, started now, sleeps until half the lease
 
     async def release(self, waited_share: float) -> None:
         """The first handler ends after the others waited `waited_share` of their lease; until the
-        pool is idle again."""
+        runner is idle again."""
         self.clock.now += LEASE_S * waited_share
         self.gate.set()
         async with asyncio.timeout(5):
-            while self.pool.running:
-                await asyncio.gather(*self.pool.running)
-        if self.pool.renewer is not None:
-            self.pool.renewer.cancel()
+            await self.runner.finish()
+        self.runner.stop_renewing()
 
 
 def test_the_margin_is_a_tenth_of_the_lease_from_before_the_claim_was_sent() -> None:
@@ -127,7 +133,7 @@ async def test_a_message_that_waited_more_than_a_tenth_of_its_lease_is_renewed_b
         ("renew", "third"),
         ("start", "third"),
     ]
-    assert run.pool.held == 0 and len(run.pool.pending_outcomes) == 3
+    assert run.runner.held == 0 and len(run.outcomes) == 3
 
 
 async def test_a_message_that_waited_less_starts_on_its_claims_lease_without_a_renewal(
@@ -144,7 +150,7 @@ async def test_a_message_whose_renewal_finds_it_lost_is_not_started_here(monkeyp
     await run.claim("first", "second")
     await run.release(waited_share=0.5)
     assert run.events == [("start", "first"), ("renew", "second")], run.events
-    assert run.pool.held == 0 and [o.claimed.id for o in run.pool.pending_outcomes] == ["first"]
+    assert run.runner.held == 0 and [o.claimed.id for o in run.outcomes] == ["first"]
 
 
 async def test_a_renewal_slower_than_the_margin_is_made_again_at_most_a_few_times(
@@ -171,7 +177,7 @@ async def test_a_message_renewed_while_the_pool_stops_is_handed_back_not_started
     await run.claim("first", "second")
     await run.release(waited_share=0.5)
     assert run.events == [("start", "first"), ("renew", "second")], run.events
-    assert run.store.handed_back == ["second"] and run.pool.held == 0
+    assert run.store.handed_back == ["second"] and run.runner.held == 0
 
 
 @pytest.mark.parametrize(("left_share", "renewed"), [(0.95, False), (0.5, True)])
@@ -183,8 +189,7 @@ async def test_a_handed_message_starts_on_what_the_store_says_is_left_of_its_lea
     run = Run(monkeypatch)
     run.store.handed_left_ms = int(LEASE_MS * left_share)
     async with asyncio.timeout(5):
-        await run.pool._take(7)
-        while run.pool.running:
-            await asyncio.gather(*run.pool.running)
+        await run.offer.take(7)
+        await run.runner.finish()
     renewal = [("renew", "handed")] if renewed else []
     assert run.events == [*renewal, ("start", "handed")]
