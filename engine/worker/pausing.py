@@ -10,7 +10,8 @@ oke_pause at commit, heard on the workers' LISTEN connection), at the next claim
 and otherwise after PAUSE_TRUST_S (the net for a pause written by hand with SQL); so the first
 claim after an idle spell waits for no read. Where it does not (SQLite), or while that connection
 is down, after PAUSE_REFRESH_S: no process claims a paused signal's messages from PAUSE_REFRESH_S
-plus one claim after the pause commits.
+plus one claim after the pause commits. Why notices rather than a read on every claim:
+docs/design/pause-notices.md.
 """
 
 from __future__ import annotations

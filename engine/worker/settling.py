@@ -3,7 +3,8 @@
 Where the store settles inside a claim's transaction (SQLite: `settles_with_claims`), a claim
 coming soon carries the pending outcomes instead, one commit and one fsync for both: the claimer
 borrows them (`lend_to_claim`), and gives them back if its claim fails (`take_back`), so the
-settler retries them as its own. Everything about the pending outcomes is decided here.
+settler retries them as its own. Everything about the pending outcomes is decided here. Why a claim
+cycle is one transaction on SQLite: docs/design/sqlite-writer-process.md.
 """
 
 from __future__ import annotations
