@@ -8,8 +8,9 @@ transaction (a rate-limited replay runs one per chunk). Records are frozen
 dataclasses whose attributes are the JSON fields (`to_json`); times are epoch ms.
 
 Errors: `UnknownSignal`, `UnknownMessage`, `UnknownRun`, `UnknownFlow` (LookupErrors
-naming what is known), `ValueError` for a bad argument, `OkeError` 1250 for a
-replacement payload the signal's schema (or its recorded JSON Schema) refuses.
+naming what is known; for a message id, what an id looks like), `ValueError` for a bad
+argument, `OkeError` 1250 for a replacement payload the signal's schema (or its recorded JSON
+Schema) refuses.
 """
 
 from __future__ import annotations

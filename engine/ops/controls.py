@@ -43,7 +43,7 @@ def statuses_of(conn: Connection, signal: str, ids: Sequence[str]) -> dict[str, 
         )
     missing = [i for i in ids if i not in found]
     if missing:
-        raise UnknownMessage(missing, signal, queries.known_signals(conn))
+        raise UnknownMessage(missing, signal)
     return found
 
 

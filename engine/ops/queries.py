@@ -347,7 +347,7 @@ def _blocker(conn: Connection, row: Any) -> Blocker | None:
 def show(conn: Connection, message_id: str, orphan_after_ms: int = ORPHAN_AFTER_MS) -> MessageDetail:
     row = conn.execute(select(m).where(m.c.id == message_id)).first()
     if row is None:
-        raise UnknownMessage([message_id], None, known_signals(conn))
+        raise UnknownMessage([message_id], None)
     now = lease_clock_ms(conn)
     lease = Lease(
         locked_by=row.locked_by,

@@ -7,6 +7,7 @@ records, nested ones included) into plain JSON-ready data.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,18 +25,39 @@ class UnknownSignal(LookupError):
         super().__init__(f'unknown signal "{name}" (known signals: {listed})')
 
 
-class UnknownMessage(LookupError):
-    """No message with that id (in that signal, when one was named)."""
+# What a message id looks like (`engine.ids.new_id("msg_")`): said when an id is unknown or malformed.
+MESSAGE_ID_SHAPE = "msg_ then 26 letters and digits, e.g. msg_01j9zq4k7t8v2n3m5p6r7s8t9v"
+_MESSAGE_ID = re.compile(r"msg_[0-9A-Za-z]{26}")
+_SHOWN_ID = 60  # characters of a named id quoted back (an argument can be any length)
 
-    def __init__(self, ids: list[str], signal: str | None, known: list[str]) -> None:
+
+def looks_like_message_id(text: str) -> bool:
+    """Whether `text` has the shape of a message id (not whether the store has it)."""
+    return _MESSAGE_ID.fullmatch(text) is not None
+
+
+def _quoted(ids: list[str]) -> str:
+    shown = [i if len(i) <= _SHOWN_ID else i[: _SHOWN_ID - 1] + "…" for i in ids[:5]]
+    return ", ".join(shown) + (f" … ({len(ids)} in all)" if len(ids) > 5 else "")
+
+
+class UnknownMessage(LookupError):
+    """No message with that id (in that signal, when one was named). The text says which ids are
+    not message ids at all and which are unknown, and what an id looks like: the signal names
+    would not help someone holding a mistyped id."""
+
+    def __init__(self, ids: list[str], signal: str | None) -> None:
         self.ids = ids
         self.signal = signal
-        self.known = known
-        where = f' in signal "{signal}"' if signal else ""
-        shown = ", ".join(ids[:5]) + (f" … ({len(ids)} in all)" if len(ids) > 5 else "")
-        listed = ", ".join(known) if known else "none recorded yet"
-        noun = "message" if len(ids) == 1 else "messages"
-        super().__init__(f"no {noun} {shown}{where} (known signals: {listed})")
+        malformed = [i for i in ids if not looks_like_message_id(i)]
+        if malformed:
+            noun = "a message id" if len(malformed) == 1 else "message ids"
+            text = f"not {noun}: {_quoted(malformed)} (message ids look like {MESSAGE_ID_SHAPE})"
+        else:
+            where = f' in signal "{signal}"' if signal else ""
+            noun = "message id" if len(ids) == 1 else "message ids"
+            text = f"unknown {noun} {_quoted(ids)}{where}: no such message in this store (ids look like msg_…)"
+        super().__init__(text)
 
 
 class UnknownRun(LookupError):

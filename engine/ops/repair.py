@@ -158,7 +158,7 @@ def check_ids(conn: Connection, sel: Selection) -> None:
         found.update(r[0] for r in conn.execute(select(m.c.id).where(m.c.signal == sel.signal, m.c.id.in_(chunk))))
     missing = [i for i in wanted if i not in found]
     if missing:
-        raise UnknownMessage(missing, sel.signal, queries.known_signals(conn))
+        raise UnknownMessage(missing, sel.signal)
 
 
 def _id_chunks(sel: Selection) -> list[list[str] | None]:
