@@ -225,7 +225,7 @@ async def test_unbind_on_a_terminal_asks_first(sqlite_url, tmp_path):
     assert 'Unbind flow "search.old" from news? It gets no new copies and its pending copies end dead.' in out
     assert code == 1 and "cancelled" in out
     assert await copies_by_flow(sqlite_url, "news") == {"search.old": ["pending"]}
-    code, out = run_in_pty(command, answer="y\n", cwd=tmp_path)
+    code, out = run_in_pty(command, answer="y\n", cwd=tmp_path, keys_when={"Reason (recorded": "flow removed\n"})
     assert code == 0 and "1 pending copy ended dead (code Unbound)" in out, out
     assert await copies_by_flow(sqlite_url, "news") == {"search.old": ["dead"]}
 

@@ -561,7 +561,7 @@ def test_replay_on_a_terminal_asks_first(sqlite_url, shop, tmp_path):
     assert dead_count(sqlite_url) == 2
 
     code, out = run_in_pty([*okconsole_cmd(), "--db", sqlite_url, "replay", "shop.email", ids["bad2"]],
-                           answer="y\n", cwd=tmp_path)
+                           answer="y\n", cwd=tmp_path, keys_when={"Reason (recorded": "smtp fixed\n"})
     assert code == 0, out
     assert "Replay 1 dead letter(s) of shop.email?" in out and "Replayed 1" in out
     assert dead_count(sqlite_url) == 1

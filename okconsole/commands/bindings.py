@@ -77,7 +77,7 @@ def unbind(
             if found.kind == "broadcast"
             else "it is no longer listed as bound (the signal's messages stay queued)"
         )
-        confirm(f'Unbind flow "{flow}" from {signal}? {effect[0].upper()}{effect[1:]}.', "unbind")
+        reason = confirm(f'Unbind flow "{flow}" from {signal}? {effect[0].upper()}{effect[1:]}.', "unbind", reason)
     result = _run(state, lambda store: ops.unbind(store, signal, flow, actor=actor_of(state, actor), reason=reason))
     if as_json:
         output.print_json(result)

@@ -27,6 +27,7 @@ ACTOR_OPTION: Any = typer.Option(None, "--actor", metavar="NAME", help="Who is a
 REASON_OPTION: Any = typer.Option(None, "--reason", metavar="TEXT", help="Why, for the audit log.")
 YES_OPTION: Any = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")
 SIGNAL_ARGUMENT: Any = typer.Argument(..., metavar="SIGNAL", help="The signal's name.")
+REASON_PROMPT = "Reason (recorded in the audit log)"
 
 
 @dataclass
@@ -127,13 +128,29 @@ def interactive() -> bool:
 
 
 def require_terminal_to_confirm(what: str) -> None:
-    """A write that asks first cannot ask without a terminal: exit 2, pointing at --yes."""
+    """A write that asks first cannot ask without a terminal: exit 2, pointing at --yes and --reason."""
     if not interactive():
-        fail(2, f"{what} changes the store and stdin is not a terminal: pass --yes to confirm")
+        fail(2, f"{what} changes the store and stdin is not a terminal: pass --yes (and --reason TEXT, for the audit)")
 
 
-def confirm(question: str, what: str) -> None:
-    """Ask on the terminal (the prompt goes to stderr); refuse without one."""
+def confirm(question: str, what: str, reason: str | None) -> str:
+    """Ask on the terminal (the prompt goes to stderr), then, unless --reason gave one, ask for the
+    reason the audit log records, as the TUI's dialogs do; refuse without a terminal. Returns the reason."""
     require_terminal_to_confirm(what)
     if not typer.confirm(one_line(question), default=False, err=True):
         fail(1, f"{what} cancelled: nothing changed")
+    return reason or ask_reason(what)
+
+
+def ask_reason(what: str) -> str:
+    """A non-empty reason typed on the terminal; an empty answer asks again (Ctrl-C or Ctrl-D cancels)."""
+    while True:
+        try:
+            typed = typer.prompt(REASON_PROMPT, default="", show_default=False, err=True)
+        except typer.Abort:
+            fail(1, f"{what} cancelled: nothing changed")
+        text = str(typed).strip()
+        if text:
+            _check_text("reason", text)
+            return text
+        typer.echo("a reason is required (Ctrl-C cancels)", err=True)

@@ -45,16 +45,18 @@ RETRY_HINT = {
 }
 
 
-def _ask_first(state: State, command: str, yes: bool, question: Callable[[], str | None]) -> None:
-    """Refuse under --read-only; unless --yes, ask `question()` (None: nothing to ask about)."""
+def _ask_first(
+    state: State, command: str, yes: bool, reason: str | None, question: Callable[[], str | None]
+) -> str | None:
+    """Refuse under --read-only; unless --yes, ask `question()` (None: nothing to ask about) and
+    then the reason, when --reason gave none. Returns the reason for the audit log."""
     require_writes(state, command)
     if yes:
-        return
+        return reason
     check_sqlite_file(state.db)
     require_terminal_to_confirm(command)
     text = question()
-    if text is not None:
-        confirm(text, command)
+    return reason if text is None else confirm(text, command, reason)
 
 
 def _report(result: Any, as_json: bool, lines: Callable[[], list[str]]) -> None:
@@ -92,7 +94,9 @@ def pause(
     (emits are still stored, running handlers finish) until `okconsole resume`. Survives restarts.
     Prints {"signal", "paused": true, "changed"} with --json."""
     state = state_of(ctx, db)
-    _ask_first(state, "pause", yes, lambda: f"Pause {signal}? No worker will take its messages until resumed.")
+    reason = _ask_first(
+        state, "pause", yes, reason, lambda: f"Pause {signal}? No worker will take its messages until resumed."
+    )
     result = run(state, lambda store: ops.pause(store, signal, actor=actor_of(state, actor), reason=reason))
     _report(result, as_json, lambda: [_pause_line(result)])
 
@@ -109,7 +113,7 @@ def resume(
     """Resume a paused signal: workers take its messages again. Prints {"signal", "paused": false,
     "changed"} with --json."""
     state = state_of(ctx, db)
-    _ask_first(state, "resume", yes, lambda: f"Resume {signal}? Workers take its messages again.")
+    reason = _ask_first(state, "resume", yes, reason, lambda: f"Resume {signal}? Workers take its messages again.")
     result = run(state, lambda store: ops.resume(store, signal, actor=actor_of(state, actor), reason=reason))
     _report(result, as_json, lambda: [_pause_line(result)])
 
@@ -153,16 +157,16 @@ def cancel(
         fail(2, "name message ids or pass --all, not both")
     named = None if all_ else _named(ids, "cancel")
 
-    def call(dry: bool) -> Callable[[ops.Store], Awaitable[Any]]:
+    def call(dry: bool, why: str | None = None) -> Callable[[ops.Store], Awaitable[Any]]:
         who = actor_of(state, actor)
-        return lambda store: ops.cancel(store, signal, named, all=all_, key=key, actor=who, reason=reason, dry_run=dry)
+        return lambda store: ops.cancel(store, signal, named, all=all_, key=key, actor=who, reason=why, dry_run=dry)
 
     if dry_run:
         preview = run(state, call(True))
         _report(preview, as_json, lambda: _preview_lines(signal, preview))
         return
-    _ask_first(state, "cancel", yes, lambda: _cancel_question(state, signal, call(True)))
-    result = run(state, call(False))
+    why = _ask_first(state, "cancel", yes, reason, lambda: _cancel_question(state, signal, call(True)))
+    result = run(state, call(False, why))
     _report(result, as_json, lambda: _done_lines("Cancelled", "message", signal, result.ids, result.skipped))
 
 
@@ -195,8 +199,12 @@ def delete(
     """Delete finished (delivered or dead) messages by id, with their failure history; others are skipped."""
     state = state_of(ctx, db)
     named = _named(ids, "delete")
-    _ask_first(
-        state, "delete", yes, lambda: f"Delete {len(named)} message(s) of {signal}? Only delivered or dead ones go."
+    reason = _ask_first(
+        state,
+        "delete",
+        yes,
+        reason,
+        lambda: f"Delete {len(named)} message(s) of {signal}? Only delivered or dead ones go.",
     )
     who = actor_of(state, actor)
     result = run(state, lambda store: ops.delete(store, signal, named, actor=who, reason=reason))
@@ -217,7 +225,7 @@ def retry(
     skipped (a dead letter is requeued with `okconsole replay`)."""
     state = state_of(ctx, db)
     named = _named(ids, "retry")
-    _ask_first(state, "retry", yes, lambda: f"Retry {len(named)} waiting message(s) of {signal} now?")
+    reason = _ask_first(state, "retry", yes, reason, lambda: f"Retry {len(named)} waiting message(s) of {signal} now?")
     who = actor_of(state, actor)
     result = run(state, lambda store: ops.retry(store, signal, named, actor=who, reason=reason))
     _report(result, as_json, lambda: _done_lines("Retried", "message", signal, result.ids, result.skipped))

@@ -128,16 +128,13 @@ def _print_replay(signal: str, result: ops.Replayed | ops.ReplayPreview, as_json
         output.render_replay(output.console(), signal, result)
 
 
-def _nothing_to_replay(state: State, signal: str, options: dict[str, Any]) -> bool:
-    """Ask before replaying (after a dry run counts them); True when there is nothing to ask about."""
+def _replay_question(state: State, signal: str, options: dict[str, Any]) -> str | None:
+    """What to ask before replaying, with the count a dry run finds; None when nothing matches."""
     check_sqlite_file(state.db)
     require_terminal_to_confirm("replay")
     preview = run(state, lambda store: _replay_dead_only(store, signal, dry_run=True, **options))
     assert isinstance(preview, ops.ReplayPreview)
-    if preview.would_replay == 0:
-        return True
-    confirm(f"Replay {preview.would_replay} dead letter(s) of {signal}?", "replay")
-    return False
+    return f"Replay {preview.would_replay} dead letter(s) of {signal}?" if preview.would_replay else None
 
 
 def replay(
@@ -182,9 +179,12 @@ def replay(
     }
     if not dry_run:
         require_writes(state, "replay")
-    if not dry_run and not yes and _nothing_to_replay(state, signal, options):
-        _print_replay(signal, ops.Replayed(replayed=0, ids=[]), as_json)
-        return
+    if not dry_run and not yes:
+        question = _replay_question(state, signal, options)
+        if question is None:
+            _print_replay(signal, ops.Replayed(replayed=0, ids=[]), as_json)
+            return
+        reason = confirm(question, "replay", reason)
     who = actor_of(state, actor)
     result = run(
         state,
@@ -222,7 +222,7 @@ def purge(
         preview = run(state, lambda store: ops.purge(store, signal, status, older_ms, dry_run=True))
         assert isinstance(preview, ops.PurgePreview)
         if preview.would_purge:
-            confirm(f"Delete {preview.would_purge} {status} message(s) of {signal}?", "purge")
+            reason = confirm(f"Delete {preview.would_purge} {status} message(s) of {signal}?", "purge", reason)
     result = run(
         state,
         lambda store: ops.purge(
