@@ -58,3 +58,51 @@ def test_an_interactive_write_asks_for_the_reason_the_audit_records(sqlite_url, 
     # without a terminal it cannot ask: it says how to pass both
     refused = run_okconsole("--db", sqlite_url, "purge", "shop.email", "--status", "delivered")
     assert refused.returncode == 2 and "pass --yes (and --reason TEXT" in refused.stderr
+
+
+def help_entries(text: str, section: str) -> dict[str, str]:
+    """A section of click's help (`Commands:`, `Options:`) as {first word: its text, wrapped lines joined}."""
+    lines = text.split(f"\n{section}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    entries: dict[str, str] = {}
+    name = ""
+    for line in lines:
+        stripped = line.strip()
+        if line.startswith("  ") and not line.startswith("   "):  # a new entry: "  name  its text"
+            name, _, rest = stripped.partition(" ")
+            entries[name] = rest.strip()
+        elif name:
+            entries[name] += " " + stripped
+    return entries
+
+
+def test_help_summaries_are_whole_sentences_and_read_only_names_every_write(sqlite_url, shop):
+    shown = run_okconsole("--help", env={"COLUMNS": "80"})
+    assert shown.returncode == 0
+    commands = help_entries(shown.stdout, "Commands:")
+    assert {"stats", "replay", "cancel", "tail"} <= commands.keys()
+    for name, text in commands.items():
+        assert text.endswith(".") and "..." not in text, f"{name}: {text!r} is cut"
+    read_only = help_entries(shown.stdout, "Options:")["--read-only"]
+    assert "cancel" in read_only and "pause" in read_only, read_only
+
+    from okconsole.commands.common import WRITE_COMMANDS
+    from okconsole.commands.conventions import SUMMARIES
+
+    assert commands.keys() <= SUMMARIES.keys(), "a command without a summary of its own"
+    for name, text in commands.items():
+        assert len(f"  {name}  {text}") <= 80, f"{name}: {text!r} wraps at 80 columns"
+    listed = read_only.split(":", 1)[1]
+    assert all(f" {name}," in listed or f" {name};" in listed for name in WRITE_COMMANDS), read_only
+    # and each one it lists is refused under --read-only before it changes anything
+    ids = shop.populate(sqlite_url)
+    calls = {
+        "replay": ["shop.email", "--all"], "purge": ["shop.email", "--status", "dead"],
+        "unbind": ["shop.email", "w.email"], "pause": ["shop.email"], "resume": ["shop.email"],
+        "cancel": ["shop.email", ids["bad1"]], "delete": ["shop.email", ids["bad1"]],
+        "retry": ["shop.email", ids["bad1"]],
+    }
+    assert calls.keys() == set(WRITE_COMMANDS)
+    for name, args in calls.items():
+        refused = cli("--db", sqlite_url, "--read-only", name, *args, "--yes")
+        assert refused.exit_code == 2 and f"--read-only: {name} writes to the store" in refused.stderr, name
+    assert as_json(cli("--db", sqlite_url, "show", ids["bad1"], "--json"))["status"] == "dead"

@@ -113,8 +113,14 @@ def actor_of(state: State, actor: str | None) -> str | None:
     return actor or state.actor
 
 
+# Every command that changes the store: --read-only refuses each, and its help lists them from here.
+WRITE_COMMANDS = ("replay", "purge", "unbind", "pause", "resume", "cancel", "delete", "retry")
+
+
 def require_writes(state: State, command: str) -> None:
-    """Refuse a write under --read-only."""
+    """Refuse a write under --read-only (`command` is one of WRITE_COMMANDS, which its help lists)."""
+    if command not in WRITE_COMMANDS:
+        raise AssertionError(f"{command} writes but is not in WRITE_COMMANDS: --read-only's help would omit it")
     if state.read_only:
         fail(2, f"--read-only: {command} writes to the store; drop --read-only to run it")
 

@@ -2,13 +2,15 @@
 
 Typer's defaults print `{SIGNAL}` and `SIGNAL <str>` / `[ID]... <list[str]>` in usage and help, which
 read as syntax a person must type. `ConsoleGroup` (the click group Typer builds for the app) rewrites
-its commands' parameters to print plain metavars, appends each command's examples as its epilog,
+its commands' parameters to print plain metavars, gives each command a whole sentence as its line in
+the group's help (SUMMARIES), appends each command's examples as its epilog,
 turns a KeyboardInterrupt anywhere into exit status 130, and lets Typer's completion options name
 the shell (`--show-completion zsh`) besides detecting it (SPEC §10b).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import typer
@@ -88,6 +90,45 @@ EXAMPLES: dict[str, list[str]] = {
 }
 
 
+# command name -> its line in `okconsole --help`: one whole sentence that fits 80 columns (click
+# would cut the docstring's first lines mid-sentence at about 45 characters). A command without one
+# gets its docstring's first sentence (tests/test_cli_writes.py asks every command for one).
+SUMMARIES: dict[str, str] = {
+    "stats": "Count each signal's messages by status, with the lag.",
+    "messages": "List the messages of a signal, newest first.",
+    "show": "Show one message: payload, failures, lease, trace.",
+    "dlq": "List the dead letters of a signal with their failures.",
+    "failures": "Group a signal's failing messages by code and message.",
+    "audit": "Show the operator audit log: who changed what, and why.",
+    "trace": "Show the run tree a run belongs to, from its root.",
+    "history": "Count a signal's messages per minute, by outcome.",
+    "replay": "Requeue dead letters as pending, their history kept.",
+    "purge": "Delete finished messages of a signal.",
+    "pause": "Pause a signal: no worker claims its messages.",
+    "resume": "Resume a paused signal.",
+    "cancel": "Cancel pending messages: they end dead, replayable.",
+    "delete": "Delete finished messages by id.",
+    "retry": "Make messages waiting for their run_at due now.",
+    "bindings": "List every recorded binding and whether it is active.",
+    "unbind": "Retire one flow's binding to a signal at once.",
+    "workers": "List the workers seen in the last hour, and their leases.",
+    "doctor": "Check the store and name the fix for each problem.",
+    "demo": "Run the bundled demo shop with the TUI on top.",
+    "serve": "Run an app's workers and its HTTP/SSE routes.",
+    "web": "Serve the TUI in a browser to whoever has the token.",
+    "tail": "Follow a live tape like tail -f.",
+}
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
+
+
+def summary(name: str, help_text: str | None) -> str:
+    """The command's one line in the group's help: its SUMMARIES entry, else its help's first sentence."""
+    if name in SUMMARIES:
+        return SUMMARIES[name]
+    text = " ".join((help_text or "").split())
+    return _SENTENCE_END.split(text, maxsplit=1)[0]
+
+
 def examples_epilog(lines: list[str]) -> str:
     """An "Examples:" block click prints verbatim (`\\b` stops it rewrapping the lines)."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -137,6 +178,8 @@ class ConsoleGroup(TyperGroup):
             _plain_params(command)
             if command.epilog is None and name in EXAMPLES:
                 command.epilog = examples_epilog(EXAMPLES[name])
+            if command.short_help is None:
+                command.short_help = summary(name, command.help)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _complete_for_named_shell(ctx, args)

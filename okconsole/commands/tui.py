@@ -7,9 +7,11 @@ import sys
 
 import typer
 
-from .common import State, url_of
+from .common import WRITE_COMMANDS, State, url_of
 from .session import check_sqlite_file
 from .web import WEB_DRIVER, web_source
+
+READ_ONLY_HELP = f"Refuse every write: {', '.join(WRITE_COMMANDS)}; the TUI hides its write keys."
 
 
 def version() -> str:
@@ -80,7 +82,7 @@ def root(
         help="Database url or SQLite file path (default: env OKE_DATABASE_URL, then "
         "sqlite+aiosqlite:///.oke/oke.db; an absolute SQLite url has four slashes).",
     ),
-    read_only: bool = typer.Option(False, "--read-only", help="Refuse every write (replay, purge)."),
+    read_only: bool = typer.Option(False, "--read-only", help=READ_ONLY_HELP),
     actor: str | None = typer.Option(
         None, "--actor", metavar="NAME", help="Who is acting, for the audit log (default: the OS user)."
     ),
