@@ -68,7 +68,7 @@ async def test_cancel_on_the_messages_list_and_retry_on_the_detail(db_url):
         assert all(k in screen_text(app) for k in ("Cancel message", "Delete finished", "Retry now"))
         await pilot.press("escape")
         await pilot.press("x")
-        await confirm_with(pilot, app, "Cancel 1 message of tasks.email?", "wrong address")
+        await confirm_with(pilot, app, f"Cancel {pending} (key later@example.com) of", "wrong address")
         await wait_for(pilot, lambda: "cancelled 1 message(s) of tasks.email" in toast_text(app))
         assert await status_of(db_url, pending) == "dead"
         await wait_for(pilot, lambda: pending not in screen_text(app))  # the pending list reloaded
@@ -79,12 +79,12 @@ async def test_cancel_on_the_messages_list_and_retry_on_the_detail(db_url):
         app.open_detail(waiting)
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen) and app.screen.detail is not None)
         await pilot.press("N")
-        await confirm_with(pilot, app, "Retry now 1 message of tasks.email?", "customer waiting")
+        await confirm_with(pilot, app, f"Retry now {waiting}", "customer waiting")
         await wait_for(pilot, lambda: "retried 1 message(s) of tasks.email" in toast_text(app))
-        await pilot.press("N")
-        await confirm_with(pilot, app, "Retry now 1 message", "again")
-        await wait_for(pilot, lambda: f"retried 0 message(s) of tasks.email; skipped {waiting} (pending)"
-                       in toast_text(app))
+        await wait_for(pilot, lambda: app.screen.detail.due_at is None)  # reloaded: due now
+        await pilot.press("N")  # nothing left to retry: not offered, and said why
+        await wait_for(pilot, lambda: f"{waiting} is pending and already due: nothing to retry" in toast_text(app))
+        assert isinstance(app.screen, DetailScreen)
 
 
 async def test_delete_tagged_dead_letters(db_url):

@@ -109,9 +109,14 @@ async def message_dead_letters_and_trace(pilot, seeded: hostilestore.Seeded) -> 
     for code, message in hostilestore.FAILURES[:3]:  # a row of the failure groups each: count, code, message
         assert re.search(rf"^ *1 +{re.escape(visible(code))} +{re.escape(visible(message))} +\S+ ago$", shown, re.M)
     assert visible(HOSTILE_KEY) in shown
-    await pilot.press("R")  # the question names the signal: a Label
+    letters = app.screen
+    cursor = letters._cursor_id()
+    key = letters.row_facts(cursor).key
+    await pilot.press("R")  # the question names the message, its key and the signal: a Label
     await visit(pilot, ConfirmScreen)
-    assert f"Replay 1 dead letter of {SIGNAL}?" in flat_text(app)
+    named = f" (key {visible(key)})" if key else ""
+    asked = " ".join(flat_text(app).replace("█", " ").split())  # the dialog's border left out
+    assert " ".join(f"Replay the dead letter {cursor}{named} of {SIGNAL}?".split()) in asked
     await pilot.press("escape")
 
     app.open_detail(seeded.dead_ids[2])

@@ -127,27 +127,42 @@ async def test_cli_replay_payload_is_refused_by_the_recorded_schema_or_warned_wi
     assert await state_of(db_url, ids["counts"]) == ("pending", 9)
 
 
-async def _edit(app: ConsoleApp, pilot: Any, signal_name: str, text: str) -> None:
+async def _open_editor(app: ConsoleApp, pilot: Any, signal_name: str, text: str) -> Any:
     app.jump(f"dlq {signal_name}")
     await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
                    and app.screen.signal == signal_name and app.screen.query_one("#letters").row_count == 1)
     await pilot.press("e")
     await wait_for(pilot, lambda: type(app.screen).__name__ == "EditPayloadScreen")
-    app.screen.query_one("#payload-editor").text = text
+    editor = app.screen.query_one("#payload-editor")
+    editor.text = text
     await pilot.press("ctrl+s")
+    return editor
+
+
+async def _give_reason(app: ConsoleApp, pilot: Any) -> None:
     await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen")  # every write asks a reason
     await pilot.press(*"fixed payload", "enter")
 
 
-async def test_tui_edit_is_refused_by_the_recorded_schema_or_noticed_without_one(db_url):
+async def test_tui_edit_is_refused_in_the_editor_by_the_recorded_schema_or_noticed_without_one(db_url):
     ids = await dead_letters_of_undeclared_signals(db_url)
     app = ConsoleApp(db_url, refresh_s=0.2)
     async with app.run_test(size=(160, 48), notifications=True) as pilot:  # toasts drawn, as on a terminal
-        await _edit(app, pilot, "t.orders", '{"sku": "A-1", "qty": "lots"}')
+        editor = await _open_editor(app, pilot, "t.orders", '{"sku": "A-1", "qty": "lots"}')
+        # refused in the editor, before any reason is asked, and the edit is still there to fix
         await wait_for(pilot, lambda: "OKE1250" in flat_text(app))
-        assert "replay failed: OKE1250: \"t.orders\": qty: 'lots' is not of type 'integer'" in flat_text(app)
+        assert type(app.screen).__name__ == "EditPayloadScreen"
+        assert "refused: OKE1250: \"t.orders\": qty: 'lots' is not of type 'integer'" in flat_text(app)
+        assert '"qty": "lots"' in flat_text(app) and editor.text == '{"sku": "A-1", "qty": "lots"}'
         assert await state_of(db_url, ids["orders"]) == ("dead", {"sku": "A-1", "qty": 2})
+        editor.text = '{"sku": "A-1", "qty": 5}'
+        await pilot.press("ctrl+s")
+        await _give_reason(app, pilot)
+        await wait_for(pilot, lambda: isinstance(app.screen, DeadLettersScreen)
+                       and app.screen.query_one("#letters").row_count == 0)
+        assert await state_of(db_url, ids["orders"]) == ("pending", {"sku": "A-1", "qty": 5})
 
-        await _edit(app, pilot, "t.counts", "11")
+        await _open_editor(app, pilot, "t.counts", "11")
+        await _give_reason(app, pilot)
         await wait_for(pilot, lambda: "the replacement payload was stored without being validated" in flat_text(app))
         assert await state_of(db_url, ids["counts"]) == ("pending", 11)

@@ -19,8 +19,8 @@ from .. import fmt
 from ..safe import cell, content, json_pane, pane
 from ..styles import DEAD_STYLE, VERDICT_STYLE
 from .base import text_filter
-from .controls import MessageControls
-from .modals import ConfirmScreen, EditPayloadScreen
+from .controls import MessageControls, RowFacts, one_message
+from .modals import ConfirmScreen
 from .trace_tree import fill_tree
 
 
@@ -139,34 +139,21 @@ class DetailScreen(MessageControls):
             if reason:
                 self.run_write("replay", ops.replay, d.signal, [d.id], reason=reason)
 
-        question = content("Replay 1 dead letter of $signal ($id)?", signal=d.signal, id=d.id)
+        question = one_message("Replay the dead letter {it} of $signal?", d.id, d.key, signal=d.signal)
         self.app.push_screen(ConfirmScreen(question, "Replay 1"), confirmed)
 
     def action_edit(self) -> None:
         d = self._replayable()
-        if d is None:
-            return
+        if d is not None:
+            self.ask_edit_replay(d.signal, d.id, d.key, d.payload)
 
-        def edited(result: Any) -> None:
-            if result is None:
-                return
-
-            def confirmed(reason: str | None) -> None:
-                if reason:
-                    self.run_write(
-                        "replay", ops.replay, d.signal, [d.id], payload=result["payload"], reason=reason, warn=self.warn
-                    )
-
-            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
-            self.app.call_later(
-                self.app.push_screen,
-                ConfirmScreen(
-                    content("Replay $id of $signal with the edited payload?", id=d.id, signal=d.signal), "Replay 1"
-                ),
-                confirmed,
-            )
-
-        self.app.push_screen(EditPayloadScreen(d.id, d.payload), edited)
+    def row_facts(self, msg_id: str) -> RowFacts | None:
+        d = self.detail
+        if d is None or d.id != msg_id:
+            return None
+        waiting = d.status == "pending" and d.due_at is not None
+        leased = d.status == "inflight" and not d.lease.reclaimable
+        return RowFacts(key=d.key, status=d.status, waiting=waiting, leased=leased)
 
 
 def why_line(why: Any) -> Content:

@@ -16,8 +16,8 @@ from ..safe import cell, content
 from ..styles import DEAD_STYLE
 from ..widgets.tui_tables import Table, sync_rows
 from .base import text_filter
-from .controls import MessageControls
-from .modals import ConfirmScreen, EditPayloadScreen
+from .controls import MessageControls, RowFacts, one_message
+from .modals import ConfirmScreen
 
 LIMIT = 200
 
@@ -202,18 +202,24 @@ class DeadLettersScreen(MessageControls):
             self.tagged -= set(result.ids)
 
     def action_replay(self) -> None:
+        """R: the tagged letters shown, else the one under the cursor (named by id and key), chosen
+        now: confirming acts on these ids, whatever the list shows by then."""
         if self.refuse_write():
             return
         ids = [i for i in self.shown if i in self.tagged] or ([self._cursor_id()] if self._cursor_id() else [])
         if not ids:
             return
-        noun = "dead letter" if len(ids) == 1 else "dead letters"
 
         def confirmed(reason: str | None) -> None:
             if reason:
-                self._watch(self.run_write("replay", ops.replay, self.signal, ids, reason=reason))
+                self.after_replay(self.run_write("replay", ops.replay, self.signal, ids, reason=reason))
 
-        question = content(f"Replay {len(ids)} {noun} of $signal?", signal=self.signal)
+        if len(ids) == 1:
+            facts = self.row_facts(ids[0])
+            key = facts.key if facts else None
+            question = one_message("Replay the dead letter {it} of $signal?", ids[0], key, signal=self.signal)
+        else:
+            question = content(f"Replay {len(ids)} dead letters of $signal?", signal=self.signal)
         self.app.push_screen(ConfirmScreen(question, f"Replay {len(ids)}"), confirmed)
 
     def action_replay_all(self) -> None:
@@ -227,7 +233,7 @@ class DeadLettersScreen(MessageControls):
 
         def confirmed(reason: str | None) -> None:
             if reason:
-                self._watch(self.run_write("replay", ops.replay, self.signal, all=True, reason=reason))
+                self.after_replay(self.run_write("replay", ops.replay, self.signal, all=True, reason=reason))
 
         self.app.push_screen(ConfirmScreen(question, "Replay"), confirmed)
 
@@ -246,7 +252,7 @@ class DeadLettersScreen(MessageControls):
 
         def confirmed(reason: str | None) -> None:
             if reason:
-                self._watch(self.run_write("replay", ops.replay, self.signal, all=True, text=text, reason=reason))
+                self.after_replay(self.run_write("replay", ops.replay, self.signal, all=True, text=text, reason=reason))
 
         question = content(
             f"Replay all {count:,} dead letters of $signal matching $filter?", signal=self.signal, filter=repr(text)
@@ -258,38 +264,12 @@ class DeadLettersScreen(MessageControls):
             return
         current = self._cursor_id()
         letter = next((d for d in self.letters if d.id == current), None)
-        if letter is None:
-            return
+        if letter is not None:
+            self.ask_edit_replay(self.signal, letter.id, letter.key, letter.payload)
 
-        def edited(result: Any) -> None:
-            if result is None:
-                return
-
-            def confirmed(reason: str | None) -> None:
-                if reason:
-                    self._watch(
-                        self.run_write(
-                            "replay",
-                            ops.replay,
-                            self.signal,
-                            [letter.id],
-                            payload=result["payload"],
-                            reason=reason,
-                            warn=self.warn,
-                        )
-                    )
-
-            # after the editor has gone: pushed from its dismiss callback, the pop would take this one
-            self.app.call_later(
-                self.app.push_screen,
-                ConfirmScreen(
-                    content("Replay $id of $signal with the edited payload?", id=letter.id, signal=self.signal),
-                    "Replay 1",
-                ),
-                confirmed,
-            )
-
-        self.app.push_screen(EditPayloadScreen(letter.id, letter.payload), edited)
+    def row_facts(self, msg_id: str) -> RowFacts | None:
+        letter = next((d for d in self.letters if d.id == msg_id), None)
+        return None if letter is None else RowFacts(key=letter.key, status="dead")
 
     def action_copy_id(self) -> None:
         self.copy_id(self._cursor_id())
@@ -344,7 +324,7 @@ class DeadLettersScreen(MessageControls):
         )
         self.app.push_screen(ConfirmScreen(question, f"Purge {count:,}"), confirmed)
 
-    def _watch(self, worker: Any) -> None:
+    def after_replay(self, worker: Any) -> None:
         async def report() -> None:
             result = await worker.wait()
             self._after_replay(result)

@@ -19,7 +19,7 @@ from .. import fmt
 from ..safe import cell, content
 from ..styles import STATUS_STYLE
 from ..widgets.tui_tables import Table, sync_rows
-from .controls import MessageControls
+from .controls import MessageControls, RowFacts
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
@@ -256,6 +256,15 @@ class MessagesScreen(MessageControls):
     def control_target(self) -> tuple[str, list[str]] | None:
         current = self._cursor_id()
         return None if current is None else (self.signal, [current])
+
+    def row_facts(self, msg_id: str) -> RowFacts | None:
+        row = next((r for r in self.rows if r.id == msg_id), None)
+        if row is None:
+            return None
+        now = fmt.now_ms() + self.clock_offset_ms  # the store's lease clock
+        waiting = ops.waits_until(row.status, row.run_at, now) is not None
+        leased = row.status == "inflight" and (row.lease_expires_at or 0) > now
+        return RowFacts(key=row.key, status=row.status, waiting=waiting, leased=leased)
 
     def action_dlq(self) -> None:
         self.console.open_dlq(self.signal)

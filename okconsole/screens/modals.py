@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from textual.app import ComposeResult
@@ -91,14 +92,18 @@ class PromptScreen(ModalScreen[str | None]):
 
 
 class EditPayloadScreen(ModalScreen[Any]):
-    """Edit a dead letter's payload as JSON before replaying it; returns the new value or None."""
+    """Edit a dead letter's payload as JSON before replaying it; returns {"payload": value} or None.
+
+    ctrl+s checks the edit first: JSON, then `check(value)` (the signal's schema, by a dry run of
+    the replay), which raises to refuse it. A refusal is shown here and the edit stays, to fix."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Replay with this payload")]
 
-    def __init__(self, message_id: str, payload: Any) -> None:
+    def __init__(self, message_id: str, payload: Any, check: Callable[[Any], Awaitable[None]] | None = None) -> None:
         super().__init__()
         self.message_id = message_id
         self.payload = payload
+        self.check = check
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -121,9 +126,27 @@ class EditPayloadScreen(ModalScreen[Any]):
         try:
             value = json.loads(text)
         except ValueError as err:
-            self.query_one("#edit-error", Label).update(content("[b red]not JSON:[/] $err", err=err))
+            self.refuse(content("[b red]not JSON:[/] $err", err=err))
+            return
+        if self.check is None:
+            self.dismiss({"payload": value})
+            return
+        self.query_one("#edit-error", Label).update("checking against the signal's schema…")
+        self.run_worker(self._checked(value), group="check", exclusive=True, exit_on_error=False)
+
+    async def _checked(self, value: Any) -> None:
+        assert self.check is not None
+        try:
+            await self.check(value)
+        except Exception as err:  # OKE1250 (the schema), the store away, the letter gone: say it here
+            self.refuse(content("[b red]refused:[/] $err", err=err))
             return
         self.dismiss({"payload": value})
+
+    def refuse(self, why: Content) -> None:
+        """Say why the edit cannot be replayed, and give the editor back with the edit in it."""
+        self.query_one("#edit-error", Label).update(why)
+        self.query_one("#payload-editor", TextArea).focus()
 
     def action_cancel(self) -> None:
         self.dismiss(None)
