@@ -247,14 +247,21 @@ class ConsoleApp(App[None]):
             self.notify(f"unknown jump {text!r}; try: {JUMPS}", severity="error")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Signals overview", "Back to the list of signals", self.open_signals)
-        yield SystemCommand("Jump…", f"Go to: {safe.escape(JUMPS)}", self.action_jump)
-        yield SystemCommand("Audit log", "Every replay and purge, who and why", self.open_audit)
-        yield SystemCommand("Workers", "Who holds the leases; orphaned ones marked", self.open_workers)
-        yield SystemCommand("Help", "Keys and commands", self.action_help)
+        """Textual's, the console's own, then the screen's keys: each title once (the overview's
+        `a` "Audit log" is the console's "Audit log", not a second entry)."""
+        own = [
+            *super().get_system_commands(screen),
+            SystemCommand("Signals overview", "Back to the list of signals", self.open_signals),
+            SystemCommand("Jump…", f"Go to: {safe.escape(JUMPS)}", self.action_jump),
+            SystemCommand("Audit log", "Every write, who and why", self.open_audit),
+            SystemCommand("Workers", "Who holds the leases; orphaned ones marked", self.open_workers),
+            SystemCommand("Help", "Keys and commands", self.action_help),
+        ]
+        yield from own
+        listed = {command.title.lower() for command in own}
         for binding in screen.BINDINGS:
-            if isinstance(binding, Binding) and binding.description:
+            if isinstance(binding, Binding) and binding.description and binding.description.lower() not in listed:
+                listed.add(binding.description.lower())
                 action = binding.action
 
                 def run(action: str = action) -> None:

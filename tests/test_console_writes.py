@@ -13,9 +13,11 @@ from console_workers.shop import declare, populate
 from consolekit import SIZE, wait_for, with_store
 from engine import oke, ops
 from okconsole.app import ConsoleApp
+from okconsole.screens.audit import AuditScreen
 from okconsole.screens.messages import PAGE, MessagesScreen
+from okconsole.screens.overview import OverviewScreen
 from okconsole.screens.tail import TailScreen
-from screenkit import flat_text, screen_text, toast_text
+from screenkit import flat_text, screen_lines, screen_text, toast_text
 
 
 async def emit_pending(url: str, *keys: str) -> Any:
@@ -93,3 +95,47 @@ async def test_a_control_the_status_does_not_allow_is_not_offered_and_says_why(d
         assert isinstance(app.screen, MessagesScreen)
     assert await status_of(db_url, dead) == "dead" and await status_of(db_url, due) == "pending"
     assert await with_store(db_url, ops.audit) == []
+
+
+async def test_the_palette_lists_each_command_once(db_url):
+    await populate(db_url)
+    app = ConsoleApp(db_url, refresh_s=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, OverviewScreen)
+                       and app.screen.query_one("#signals").row_count == 3)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "CommandPalette")
+        await pilot.press(*"audit log")
+        await wait_for(pilot, lambda: "Audit log" in screen_text(app))
+        await pilot.pause(0.5)  # every provider has answered
+        listed = screen_lines(app)[:-1]  # the palette's list; the last line is the footer (`a Audit log`)
+        assert sum(line.count("Audit log") for line in listed) == 1, "\n".join(listed)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, AuditScreen))
+
+
+async def test_the_tail_save_counts_the_lines_when_it_saves(db_url, tmp_path: Path):
+    sigs = declare()
+    async with oke("shop", database_url=db_url) as engine_app:
+        for n in range(10):
+            await engine_app.emit(sigs["status"], {"orderId": f"o{n}", "status": "paid"})
+    app = ConsoleApp(db_url, refresh_s=0.2)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        app.jump("tail order-status")
+        await wait_for(pilot, lambda: isinstance(app.screen, TailScreen) and app.screen.received == 10)
+        tail = app.screen
+        await pilot.press("s")
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "PromptScreen")
+        asked = words(app)
+        # events keep coming while the question is open
+        async with oke("shop", database_url=db_url) as engine_app:
+            for n in range(3):
+                await engine_app.emit(sigs["status"], {"orderId": f"late{n}", "status": "late"})
+        await wait_for(pilot, lambda: tail.received == 13)
+        assert not re.search(r"\b10 lines\b", asked), asked  # no count that is stale by the time it saves
+        target = tmp_path / "saved.txt"
+        app.screen.query_one("#prompt-input").value = str(target)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "saved 13 lines to" in toast_text(app))
+    saved = target.read_text().splitlines()
+    assert len(saved) == 13 and '"late2"' in saved[-1]

@@ -201,27 +201,28 @@ class TailScreen(ConsoleScreen):
         self.log_widget.clear()
 
     def action_save(self) -> None:
+        """Ask where; the lines are taken (and counted) when it saves: events keep arriving meanwhile."""
         default = f"{self.signal}-tail-{time.strftime('%Y%m%d-%H%M%S')}.txt"
         self.app.push_screen(
-            PromptScreen(
-                f"Save the {len(self.shown_lines())} lines of this tail to (enter saves, esc cancels):", value=default
-            ),
+            PromptScreen("Save the lines shown when you press enter to (esc cancels):", value=default),
             lambda path: self.call_after_refresh(self.save_to, path),
         )
 
     def save_to(self, path: str | None) -> None:
-        """Write the tail so far, as shown (`<id>  <json>`, timestamps if on), and say where."""
+        """Write the tail so far, as shown (`<id>  <json>`, timestamps if on), and say how many
+        lines went where."""
         if not path:
             return
         target = Path(path).expanduser().resolve()
+        lines = self.shown_lines()
         try:
             if target.exists():
                 raise FileExistsError(f"{target} exists (choose another name)")
-            target.write_text("".join(line.text(self.stamps) + "\n" for line in self.shown_lines()), encoding="utf-8")
+            target.write_text("".join(line.text(self.stamps) + "\n" for line in lines), encoding="utf-8")
         except OSError as err:
             self.notify(f"not saved: {err}", severity="error")
             return
-        self.notify(f"saved {len(self.shown_lines())} lines to {target}")
+        self.notify(f"saved {len(lines)} line{'' if len(lines) == 1 else 's'} to {target}")
 
     async def follow_store(self) -> None:
         data = self.console.data
