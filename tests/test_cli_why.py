@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 import pytest
-
 from consolekit import run_okconsole
-from engine import flow, oke, signal
-from engine.flows import Binding
 from hostilekit import HOSTILE_ERROR, HOSTILE_KEY, assert_inert
 from workers.db import execute
+
+from engine import flow, oke, signal
+from engine.flows import Binding
 
 
 async def _noop(payload: Any, fx: Any) -> None:
@@ -72,10 +72,10 @@ async def test_why_of_an_unknown_or_malformed_id_is_exit_2_naming_it_and_what_id
     await blocked_key(db_url)
     done = run_okconsole("--db", db_url, "why", bad)
     assert done.returncode == 2 and done.stdout == ""
-    assert "message ids look like msg_" in done.stderr and "known signals" not in done.stderr
+    assert "ids look like msg_" in done.stderr and "known signals" not in done.stderr
     assert_inert(done.stderr)
     if bad.isascii():
-        assert f'no message "{bad}"' in done.stderr
+        assert bad in done.stderr
 
 
 async def test_keys_lists_heads_and_blocked_keeps_the_failed_ones(db_url):
@@ -99,7 +99,13 @@ async def test_keys_lists_heads_and_blocked_keeps_the_failed_ones(db_url):
         "head_id": head,
         "head_status": "pending",
         "head_attempts": 1,
-        "head_last_failure": {"code": "TimeoutError", "message": "smtp silent", "at": 1, "attempt": 1},
+        "head_last_failure": {
+            "code": "TimeoutError",
+            "message": "smtp silent",
+            "at": 1,
+            "attempt": 1,
+            "traceback": None,
+        },
         "waiting": 1,
     }
 

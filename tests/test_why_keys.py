@@ -3,14 +3,15 @@ state a real app leaves, and the keys board with its heads, failures, waiting co
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from workers.db import execute
 
 from engine import flow, oke, ops, signal
 from engine.flows import Binding
 from engine.store import workers as worker_rows
-from workers.db import execute
 
 
 async def _noop(payload: Any, fx: Any) -> None:
@@ -108,7 +109,7 @@ async def test_blocked_by_key_names_the_head_and_its_last_failure(db_url):
 @pytest.mark.parametrize("bad", ["msg_01nosuchmessage", "42", "show me"])
 async def test_an_unknown_or_malformed_id_says_what_ids_look_like(db_url, bad):
     async with oke("emitter", database_url=db_url) as app:
-        with pytest.raises(ops.UnknownMessage, match=f'no message "{bad}": message ids look like msg_'):
+        with pytest.raises(ops.UnknownMessage, match=rf"{re.escape(bad)}.*ids look like msg_"):
             await ops.why(app.store, bad)
 
 

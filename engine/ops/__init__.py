@@ -77,7 +77,6 @@ from .records import (
     waits_until,
 )
 from .repair import UNCHANGED, default_actor
-from .why import UnknownMessageId
 from .workers import ORPHAN_AFTER_MS, SEEN_WITHIN_MS, WorkerInfo
 
 __all__ = [
@@ -116,7 +115,6 @@ __all__ = [
     "Unbound",
     "UnknownFlow",
     "UnknownMessage",
-    "UnknownMessageId",
     "UnknownRun",
     "UnknownSignal",
     "UnvalidatedPayload",
@@ -259,7 +257,7 @@ def doctor_schema_too_new(error: Exception) -> list[DoctorCheck]:
 async def why(store: Store, message_id: str) -> Why:
     """One verdict on why `message_id` is (not) running: delivered, dead, running, orphaned, paused,
     no_worker, blocked_by_key, not_due or due (engine/ops/verdict.py: what each means and which wins
-    when several hold), with one line to act on. UnknownMessageId (a LookupError) for an unknown id."""
+    when several hold), with one line to act on. UnknownMessage (a LookupError) for an unknown id."""
     return verdict.decide(await store.read(lambda conn: _why.snapshot(conn, message_id)))
 
 

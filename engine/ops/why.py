@@ -21,18 +21,6 @@ b = schema.bindings
 ID_PREFIX = "msg_"
 
 
-class UnknownMessageId(UnknownMessage):
-    """No message has that id (or it is not shaped like one): says what ids look like."""
-
-    def __init__(self, message_id: str) -> None:
-        LookupError.__init__(
-            self,
-            f'no message "{message_id}": message ids look like msg_01j… '
-            "(okconsole messages SIGNAL lists a signal's messages)",
-        )
-        self.ids, self.signal, self.known = [message_id], None, []
-
-
 def _holder(conn: Connection, worker_id: str | None) -> Holder | None:
     if worker_id is None:
         return None
@@ -69,12 +57,12 @@ def _bound_seen_ago_ms(conn: Connection, signal: str, queue: str, flow: str | No
 
 
 def snapshot(conn: Connection, message_id: str) -> Snapshot:
-    """What `verdict.decide` needs of `message_id`; UnknownMessageId when there is no such message."""
+    """What `verdict.decide` needs of `message_id`; UnknownMessage when there is no such message."""
     if not isinstance(message_id, str) or not message_id.startswith(ID_PREFIX):
-        raise UnknownMessageId(message_id)
+        raise UnknownMessage([message_id], None)
     row = conn.execute(select(m).where(m.c.id == message_id)).first()
     if row is None:
-        raise UnknownMessageId(message_id)
+        raise UnknownMessage([message_id], None)
     unfinished = row.status in ("pending", "inflight")
     return Snapshot(
         id=row.id,

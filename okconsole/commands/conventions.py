@@ -113,6 +113,8 @@ SUMMARIES: dict[str, str] = {
     "unbind": "Retire one flow's binding to a signal at once.",
     "workers": "List the workers seen in the last hour, and their leases.",
     "doctor": "Check the store and name the fix for each problem.",
+    "why": "Say in one line why a message is or is not running.",
+    "keys": "List a signal's keys with unfinished messages, and their heads.",
     "demo": "Run the bundled demo shop with the TUI on top.",
     "serve": "Run an app's workers and its HTTP/SSE routes.",
     "web": "Serve the TUI in a browser to whoever has the token.",
