@@ -1,5 +1,6 @@
-"""The app's background pass while it is started: the history writer and, when a `keep_*`
-option is set, retention. Started by `OkeApp.start()`, stopped by `close()` with a last flush."""
+"""The app's background pass while it is started: the history writer, the search index
+(engine/search_indexing.py) and, when a `keep_*` option is set, retention. Started by
+`OkeApp.start()`, stopped by `close()` with a last flush."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 
 from . import history
 from .retention import Retention, RetentionPolicy
+from .search_indexing import SearchIndexer
 from .store import Store
 
 
@@ -17,10 +19,12 @@ class Background:
         self.store = store
         self.history = history.HistoryWriter(store, history_ttl_ms)
         self.retention = Retention(store, policy) if policy.active else None
+        self.search_index = SearchIndexer(store)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.history.run(), name="oke-history"))
+        self._tasks.append(asyncio.create_task(self.search_index.run(), name="oke-search-index"))
         if self.retention is not None:
             self._tasks.append(asyncio.create_task(self.retention.run(), name="oke-retention"))
 

@@ -12,7 +12,7 @@ from engine.flows import Binding
 from consolekit import run_okconsole, with_store
 from workers.db import execute
 
-CHECKS = ["schema", "orphaned leases", "once signals with two flows", "inactive bindings", "paused signals",
+CHECKS = ["schema", "search_index", "orphaned leases", "once signals with two flows", "inactive bindings", "paused signals",
           "due messages", "dead_letters", "failure_rate", "blocked_keys"]
 
 

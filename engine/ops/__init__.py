@@ -191,9 +191,11 @@ async def message_page(
 
     `sort` orders by a MessageRow column (or "seq", emit order; the default) by value, over the
     whole signal, `descending` or not (empty values last either way); `search` keeps messages
-    whose payload, key or last failure message contains it, case-insensitively. A searched page
-    reads a bounded stretch of the signal: it may hold fewer than `limit` rows with `cut` set and
-    a `next_cursor` that searches on. Pass `cursor=page.next_cursor` for the next page.
+    whose payload, key or last failure message contains it, case-insensitively, from the text index
+    (engine/ops/indexed_search.py). Where that index cannot answer (none, still filling, a text
+    under three characters) a searched page reads a bounded stretch of the signal: it may hold
+    fewer than `limit` rows with `cut` set and a `next_cursor` that searches on. Pass
+    `cursor=page.next_cursor` for the next page.
     """
     return await store.read(
         lambda conn: queries.message_page(

@@ -180,14 +180,16 @@ def delete_finished(
     statuses_of(conn, signal, ids)
     now = lease_clock_ms(conn)
     gone: list[str] = []
+    seqs: list[int] = []
     for chunk in _chunks(ids):
-        gone += [
-            r[0]
-            for r in conn.execute(
-                delete(m).where(m.c.signal == signal, m.c.status.in_(FINISHABLE), m.c.id.in_(chunk)).returning(m.c.id)
-            )
-        ]
-    delete_rows_of(conn, gone)
+        for r in conn.execute(
+            delete(m)
+            .where(m.c.signal == signal, m.c.status.in_(FINISHABLE), m.c.id.in_(chunk))
+            .returning(m.c.id, m.c.seq)
+        ):
+            gone.append(r.id)
+            seqs.append(r.seq)
+    delete_rows_of(conn, gone, seqs)
     deleted = set(gone)
     ordered = [i for i in ids if i in deleted]
     skipped = _skipped(conn, signal, ids, ordered)

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, func, or_, select
 
 from ..errors import OkeError
 from ..store import queue_name, registry, schema
+from ..store import search_index as search_index_mod
 from ..store.base import lease_clock_ms
 from . import queries, signal_checks
 from .records import DoctorCheck
@@ -47,6 +48,32 @@ def schema_version(conn: Connection) -> DoctorCheck:
         "fail",
         f"store schema version {found}, this okengine knows {mine}: upgrade okengine (pip install -U okengine) "
         "on every process that opens this store",
+    )
+
+
+def search_index(conn: Connection) -> DoctorCheck:
+    """Whether search answers from the text index (store/search_index.py) or scans in windows."""
+    marks = search_index_mod.marks(conn)
+    if marks is None:
+        missing = "pg_trgm (CREATE EXTENSION pg_trgm, as the database's owner)"
+        if conn.dialect.name != "postgresql":
+            missing = "SQLite's FTS5 with the trigram tokenizer (SQLite 3.34 or later)"
+        return DoctorCheck(
+            "search_index",
+            "warn",
+            f"no text index: searches scan each signal in windows, page after page. It needs {missing}; "
+            "the next start of an app creates it and fills it in the background",
+        )
+    behind = (marks.newest_seq - marks.seq) + (marks.newest_failure_id - marks.failure_id)
+    if not marks.caught_up:
+        return DoctorCheck(
+            "search_index",
+            "warn",
+            f"the text index is {behind} row(s) behind: searches scan in windows until a started app's "
+            "background pass catches up (it indexes in batches while the app runs)",
+        )
+    return DoctorCheck(
+        "search_index", "ok", f"searches answer from the text index ({behind} newest row(s) read directly)"
     )
 
 
@@ -159,6 +186,7 @@ def checks(
     """Every check, in one read transaction, in the order doctor prints them."""
     steps: list[Callable[[Connection], DoctorCheck]] = [
         schema_version,
+        search_index,
         lambda c: orphaned_leases(c, orphan_after_ms),
         once_with_two_flows,
         inactive_with_copies,

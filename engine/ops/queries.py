@@ -17,11 +17,12 @@ from sqlalchemy import Connection, and_, func, null, or_, select, text
 
 from ..ids import now_ms
 from ..live import tape as live
-from ..store import pauses, registry, schema
+from ..store import pauses, registry, schema, search_index
 from ..store.base import lease_clock_ms
 from ..store.counts import status_counts
 from . import listing
 from . import trace as trace_mod
+from .indexed_search import IndexedSearch
 from .records import (
     STATUSES,
     AuditEntry,
@@ -244,8 +245,11 @@ def message_page(
     # A filter the order's index does not serve keeps an unknown share of what a page walks: bound
     # the walk (a key's messages are few, and the key index finds them directly).
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
-    walk = listing.Walk(conn, signal, filters, sort, descending, windowed)
-    rows, nxt, cut = walk.page(limit, start)
+    found = _from_index(conn, signal, search, filters, sort, descending, limit, start) if windowed and search else None
+    if found is not None:
+        (rows, nxt), cut = found, False
+    else:
+        rows, nxt, cut = listing.Walk(conn, signal, filters, sort, descending, windowed).page(limit, start)
     items = [_message_row(r) for r in rows]
     newest_first = sort == "seq" and descending
     return MessagePage(
@@ -255,6 +259,29 @@ def message_page(
         next_cursor=nxt.encode() if nxt is not None else None,
         cut=cut,
     )
+
+
+def _from_index(
+    conn: Connection,
+    signal: str,
+    needle: str,
+    filters: list[Any],
+    sort: str,
+    descending: bool,
+    limit: int,
+    start: listing.Position | None,
+) -> tuple[list[Any], listing.Position | None] | None:
+    """A searched page from the text index, when the store has one that has caught up and the
+    needle is long enough for it; None: the windowed walk answers (engine/ops/indexed_search.py)."""
+    if not search_index.usable_needle(needle):
+        return None
+    marks = search_index.marks(conn)
+    if marks is None or not marks.caught_up:
+        return None
+    search = IndexedSearch(conn, signal, needle, filters, marks)
+    if sort == "seq":
+        return search.seq_page(limit, descending, start)
+    return search.sorted_page(limit, sort, descending, start)
 
 
 def _message_row(r: Any) -> MessageRow:

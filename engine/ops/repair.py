@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .. import payloads
 from ..ids import now_ms
 from ..signals import declared
-from ..store import schema
+from ..store import schema, search_index
 from ..store.sql.notify import notify_queues
 from . import queries
 from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessage
@@ -351,8 +351,10 @@ def purge_preview(
     return PurgePreview(purged=0, would_purge=total, ids=sample)
 
 
-def delete_rows_of(conn: Connection, ids: Sequence[str]) -> None:
-    """The failure and step rows of deleted messages go with them (runs stay: they are the trace)."""
+def delete_rows_of(conn: Connection, ids: Sequence[str], seqs: Sequence[int]) -> None:
+    """The failure and step rows and search index entries of deleted messages go with them (runs
+    stay: they are the trace)."""
+    search_index.forget(conn, seqs)
     for start in range(0, len(ids), CHUNK):
         chunk = list(ids[start : start + CHUNK])
         conn.execute(delete(f).where(f.c.message_id.in_(chunk)))
@@ -385,8 +387,9 @@ def purge(
         batch = [r[0] for r in conn.execute(select(m.c.id).where(and_(*conds)).order_by(m.c.seq).limit(PURGE_BATCH))]
         if not batch:
             break
-        gone = [r[0] for r in conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch)).returning(m.c.id))]
-        delete_rows_of(conn, gone)
+        rows = conn.execute(delete(m).where(and_(*conds), m.c.id.in_(batch)).returning(m.c.id, m.c.seq)).all()
+        gone = [r.id for r in rows]
+        delete_rows_of(conn, gone, [r.seq for r in rows])
         count += len(gone)
         deleted += gone[: MAX_AUDIT_IDS - len(deleted)]
     if count:

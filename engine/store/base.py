@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
-from . import counts, migrations, pauses, schema
+from . import counts, migrations, pauses, schema, search_index
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .sql.notify import notify_queues
@@ -130,6 +130,7 @@ def ensure_schema(conn: Connection) -> None:
     if row is None:
         counts.install(conn)
         conn.execute(schema.meta.insert().values(key="schema_version", value=str(schema.SCHEMA_VERSION)))
+        search_index.install(conn)
         return
     found = int(row[0])
     if found > schema.SCHEMA_VERSION:
@@ -139,6 +140,8 @@ def ensure_schema(conn: Connection) -> None:
         )
     for version in range(found, schema.SCHEMA_VERSION):
         MIGRATIONS[version](conn)
+    if found == schema.SCHEMA_VERSION and not search_index.available(conn):
+        search_index.install(conn)  # pg_trgm may have been made available since the store was made
     if found < schema.SCHEMA_VERSION:
         conn.execute(
             schema.meta.update().where(schema.meta.c.key == "schema_version").values(value=str(schema.SCHEMA_VERSION))
@@ -153,6 +156,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: migrations.collate_names_bytewise,  # 4 -> 5: names and ids compare bytewise on PostgreSQL
     5: migrations.add_audit_source,  # 5 -> 6: where an audited write came from (okconsole web)
     6: migrations.add_failure_traceback,  # 6 -> 7: each failure's traceback
+    7: migrations.add_search_index,  # 7 -> 8: the text index behind search, filled in the background
 }
 
 

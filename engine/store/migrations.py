@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, inspect, text
 
-from . import schema
+from . import schema, search_index
 
 # table -> columns version 3 added (all nullable: older rows read as "never recorded")
 _V3_COLUMNS = {
@@ -84,3 +84,10 @@ def add_failure_traceback(conn: Connection) -> None:
     """6 -> 7: failures' `traceback`, added in place (no table rewrite on either store); failures
     recorded before read as NULL (no traceback kept)."""
     _add_columns(conn, _V7_COLUMNS)
+
+
+def add_search_index(conn: Connection) -> None:
+    """7 -> 8: the text index for search (store/search_index.py), empty: the app's background pass
+    fills it from the existing messages in batches, and searches scan in windows until it has
+    caught up. A store that cannot have one (no pg_trgm) keeps working and searching as before."""
+    search_index.install(conn)

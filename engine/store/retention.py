@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, delete, select
 
 from ..ids import base32
-from . import counts, history, schema
+from . import counts, history, schema, search_index
 
 m = schema.messages
 RUN_PREFIX = "run_"
@@ -38,7 +38,7 @@ def finished_signals(conn: Connection, status: str) -> list[str]:
 
 def delete_messages(conn: Connection, signal: str, status: str, before_ms: int, limit: int, now: int) -> Batch:
     """Delete `signal`'s `status` messages finished before `before_ms`, among its oldest `limit`,
-    with their failures, runs and steps; counted as `pruned` in history."""
+    with their failures, runs, steps and search index entries; counted as `pruned` in history."""
     oldest = conn.execute(
         select(m.c.seq, m.c.finished_at)
         .where(m.c.signal == signal, m.c.status == status)
@@ -48,8 +48,10 @@ def delete_messages(conn: Connection, signal: str, status: str, before_ms: int, 
     old = [seq for seq, finished_at in oldest if finished_at is not None and finished_at < before_ms]
     if not old:
         return Batch(0, False)
-    ids = list(conn.execute(delete(m).where(m.c.seq.in_(old), m.c.status == status).returning(m.c.id)).scalars())
+    gone = conn.execute(delete(m).where(m.c.seq.in_(old), m.c.status == status).returning(m.c.id, m.c.seq)).all()
+    ids = [row.id for row in gone]
     if ids:
+        search_index.forget(conn, [row.seq for row in gone])
         conn.execute(delete(schema.failures).where(schema.failures.c.message_id.in_(ids)))
         conn.execute(delete(schema.runs).where(schema.runs.c.message_id.in_(ids)))
         conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(ids)))

@@ -20,7 +20,9 @@ from sqlalchemy.engine import Dialect
 # 5: names and ids compare bytewise on PostgreSQL (COLLATE "C"), whatever the database's locale
 # 6: the audit's source (where a write came from: `okconsole web` records the browser's address)
 # 7: failures' traceback (the handler's, its last 8 KiB)
-SCHEMA_VERSION = 7
+# 8: the text index behind the console's search (store/search_index.py: FTS5 or pg_trgm), outside
+#    this metadata, and its high-water marks in oke_meta
+SCHEMA_VERSION = 8
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()

@@ -1,0 +1,111 @@
+"""A searched message page answered from the text index (engine/store/search_index.py).
+
+Why three sources: the index holds the messages up to its marks; the newest messages (seq past
+the mark) and the messages whose failure rows are not applied yet are read directly. Each
+candidate is checked with the exact filter (listing.search_filter), so the page is what a scan
+of the whole signal gives, at the cost of the matches rather than of the signal.
+
+Newest first (or oldest first) the index is walked in seq order and stops at the page; in
+another order every candidate is sorted, so that path takes at most CANDIDATES_MAX of them (a
+needle found more often than that fills its pages quickly from the windowed walk).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, column, func, literal_column, or_, select, table
+
+from ..store import schema, search_index
+from . import listing
+
+m = schema.messages
+f = schema.failures
+CANDIDATES_MAX = 20_000
+_fts = table(search_index.SQLITE_TABLE, column("rowid"), column("signal"))
+_trgm = table(search_index.PG_TABLE, column("seq"), column("signal"), column("doc"))
+
+
+class IndexedSearch:
+    """One searched page of `signal` from the index, the rows past its marks, and the exact filter."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        signal: str,
+        needle: str,
+        filters: list[ColumnElement[bool]],
+        marks: search_index.Marks,
+    ) -> None:
+        self.conn, self.signal, self.needle, self.marks = conn, signal, needle, marks
+        self.filters = [m.c.signal == signal, *filters]  # filters include the exact search filter
+        self.postgres = conn.dialect.name == "postgresql"
+
+    # -- the sources ----------------------------------------------------------------------------
+    def _index_key(self) -> Any:
+        return _trgm.c.seq if self.postgres else _fts.c.rowid
+
+    def _index_match(self) -> list[ColumnElement[bool]]:
+        if self.postgres:
+            likes = [
+                _trgm.c.doc.like(search_index.like_pattern(form), escape="\\")
+                for form in search_index.needle_forms(self.needle)
+            ]
+            return [_trgm.c.signal == self.signal, or_(*likes)]
+        query: Any = bindparam("fts_query", search_index.fts_query(self.needle))
+        return [literal_column(search_index.SQLITE_TABLE).op("MATCH")(query), _fts.c.signal == self.signal]
+
+    def _index_table(self) -> Any:
+        return _trgm if self.postgres else _fts
+
+    def _past_marks(self) -> list[ColumnElement[bool]]:
+        """The rows the index does not answer for yet."""
+        pending = select(f.c.message_id).where(f.c.id > self.marks.failure_id)
+        return [m.c.seq > self.marks.seq, m.c.id.in_(pending)]
+
+    def candidate_seqs(self) -> Select[Any]:
+        """Seqs of every message that may match: index hits and the rows past the marks."""
+        hits = select(self._index_key().label("seq")).where(*self._index_match())
+        past = select(m.c.seq).where(m.c.signal == self.signal, or_(*self._past_marks()))
+        return hits.union(past)  # type: ignore[return-value]
+
+    def too_many(self) -> bool:
+        hits = select(self._index_key()).where(*self._index_match()).limit(CANDIDATES_MAX + 1).subquery()
+        return int(self.conn.execute(select(func.count()).select_from(hits)).scalar_one()) > CANDIDATES_MAX
+
+    # -- a page ---------------------------------------------------------------------------------
+    def seq_page(
+        self, limit: int, descending: bool, cursor: listing.Position | None
+    ) -> tuple[list[Any], listing.Position | None]:
+        """A page in seq order: each source read in that order up to the page, then merged."""
+        after: list[ColumnElement[bool]] = []
+        if cursor is not None:
+            after.append(m.c.seq < cursor.seq if descending else m.c.seq > cursor.seq)
+        key = self._index_key()
+        order = key.desc() if descending else key.asc()
+        from_index = (
+            select(*listing.COLS)
+            .select_from(self._index_table().join(m, m.c.seq == key))
+            .where(*self._index_match(), *self.filters, *after)
+            .order_by(order)
+            .limit(limit + 1)
+        )
+        rows = list(self.conn.execute(from_index).all())
+        for past in self._past_marks():
+            direct = select(*listing.COLS).where(past, *self.filters, *after)
+            rows += self.conn.execute(direct.order_by(m.c.seq.desc() if descending else m.c.seq).limit(limit + 1)).all()
+        merged = sorted({r.seq: r for r in rows}.values(), key=lambda r: r.seq, reverse=descending)
+        if len(merged) > limit:
+            return merged[:limit], listing.Position("seq", None, merged[limit - 1].seq)
+        return merged, None
+
+    def sorted_page(
+        self, limit: int, sort: str, descending: bool, cursor: listing.Position | None
+    ) -> tuple[list[Any], listing.Position | None] | None:
+        """A page in another order, over every candidate; None when there are too many to sort."""
+        if self.too_many():
+            return None
+        within = m.c.seq.in_(self.candidate_seqs())
+        walk = listing.Walk(self.conn, self.signal, [*self.filters[1:], within], sort, descending, windowed=False)
+        rows, nxt, _cut = walk.page(limit, cursor)
+        return rows, nxt
