@@ -40,6 +40,7 @@ class IndexedSearch:
         self.conn, self.signal, self.needle, self.marks = conn, signal, needle, marks
         self.filters = [m.c.signal == signal, *filters]  # filters include the exact search filter
         self.postgres = conn.dialect.name == "postgresql"
+        self._pending: list[str] | None = None
 
     # -- the sources ----------------------------------------------------------------------------
     def _index_key(self) -> Any:
@@ -59,9 +60,16 @@ class IndexedSearch:
         return _trgm if self.postgres else _fts
 
     def _past_marks(self) -> list[ColumnElement[bool]]:
-        """The rows the index does not answer for yet."""
-        pending = select(f.c.message_id).where(f.c.id > self.marks.failure_id)
-        return [m.c.seq > self.marks.seq, m.c.id.in_(pending)]
+        """The rows the index does not answer for yet: past its seq mark, and those with failure
+        rows not applied (read first and named: as a subquery a planner may walk the whole signal
+        to test each row against it)."""
+        if self._pending is None:
+            rows = self.conn.execute(select(f.c.message_id).where(f.c.id > self.marks.failure_id).distinct())
+            self._pending = [r[0] for r in rows]
+        past = [m.c.seq > self.marks.seq]
+        if self._pending:
+            past.append(m.c.id.in_(bindparam("pending", self._pending, expanding=True, literal_execute=True)))
+        return past
 
     def candidate_seqs(self) -> Select[Any]:
         """Seqs of every message that may match: index hits and the rows past the marks."""
