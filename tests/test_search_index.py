@@ -154,12 +154,12 @@ def _payload_note(ids: list[str], msg: str) -> str:
     return f"Zebra-{n}".lower() if n % 10 == 7 else f"plain {n}"
 
 
-async def test_a_version_6_store_gains_the_index_and_the_pass_fills_it(db_url):
+async def test_a_version_7_store_gains_the_index_and_the_pass_fills_it(db_url):
     ids, _ = await emitted(db_url)
     drop = ["DROP TABLE oke_search_fts"] if is_sqlite(db_url) else ["DROP TABLE oke_search"]
     for statement in [*drop, "DELETE FROM oke_meta WHERE key LIKE 'search_%'"]:
         await execute(db_url, statement)
-    await execute(db_url, "UPDATE oke_meta SET value = '6' WHERE key = 'schema_version'")
+    await execute(db_url, "UPDATE oke_meta SET value = '7' WHERE key = 'schema_version'")
     store = await ops.open_store(db_url)  # upgrades in place
     try:
         version = int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'"))
