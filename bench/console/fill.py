@@ -139,7 +139,7 @@ def generate(n: int, seed: int = 7, now: int | None = None) -> Iterator[tuple[li
             run_no += 1
             run_id = f"run_{base32(at, 10)}{base32(run_no, 16)}"
             fails.append({"message_id": mid, "attempt": a, "code": code, "message": text, "at": at + 40,
-                          "run_id": run_id, "kind": "failure"})
+                          "run_id": run_id, "kind": "failure", "traceback": TRACEBACK + text})
             runs.append({"run_id": run_id, "flow": flow, "trigger": name, "signal": name, "message_id": mid,
                          "parent_run_id": None, "status": "failed", "attempt": a,
                          "worker_id": WORKERS[run_no % 4], "started_at": at, "ended_at": at + 40,
@@ -180,6 +180,14 @@ def binding_rows(now: int) -> list[dict]:
 MSG_COLS = [c.name for c in schema.messages.columns if c.name != "seq"]
 # Columns the fill leaves at their default (COPY writes every column it names).
 MSG_DEFAULTS = {"priority": 0}
+# what a failure keeps of its handler's traceback: a few frames, as a real one would (the column
+# is read by `show` only, but its size is on every failure row the lists walk past)
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/srv/shop/flows/email.py", line 41, in send_email\n    await smtp.send(mail)\n'
+    '  File "/srv/shop/smtp.py", line 88, in send\n    raise MailError(reply)\n'
+    "MailError: "
+)
 FAIL_COLS = [c.name for c in schema.failures.columns if c.name != "id"]
 RUN_COLS = [c.name for c in schema.runs.columns]
 
