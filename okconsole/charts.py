@@ -66,3 +66,33 @@ def series(points: Sequence[HistoryPoint], now_ms: int, minutes: int) -> list[Se
         )
         for name, label in SERIES
     ]
+
+
+BLOCKS = " ▁▂▃▄▅▆▇█"  # eighths of a cell, from empty to full
+
+
+def columns_of(values: Sequence[float], width: int) -> list[float]:
+    """`values` spread over `width` columns: each value over its share of columns when there are
+    fewer values than columns, else each column the peak of the values it covers (a burst shows)."""
+    n = len(values)
+    if n == 0 or width <= 0:
+        return []
+    return [max(values[c * n // width : max(c * n // width + 1, (c + 1) * n // width)]) for c in range(width)]
+
+
+def bar_rows(values: Sequence[float], width: int, height: int, top: float) -> list[str]:
+    """A bar chart `height` rows tall, top row first, on a zero baseline: a bar of `top` fills the
+    height, a zero is empty (Textual's Sparkline scales from the smallest value instead, so a
+    y scale beside it would be wrong)."""
+    eighths = [0 if top <= 0 else round(max(0.0, v) / top * height * 8) for v in columns_of(values, width)]
+    rows = []
+    for row in range(height - 1, -1, -1):  # from the top row down
+        rows.append("".join(BLOCKS[min(8, max(0, e - row * 8))] for e in eighths))
+    return rows
+
+
+def scale_label(value: float) -> str:
+    """A y scale's label: short, and exact enough to read a rate off it."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"

@@ -11,7 +11,8 @@ Rich shrinks every column of a table that is too wide and folds what no longer f
   longest word, so an id inside stays whole).
 
 On a terminal the CROP/WRAP columns give way first (widest first); if the KEEP columns alone are
-still too wide, the table's least useful columns are left out and a note says which; past that
+still too wide, columns with nothing in them ("-" on every row) are left out, then the table's
+least useful ones, and a note says which; past that
 (a very narrow terminal) the line is left long. When stdout is not a terminal nothing is cut: the
 line is as long as it needs to be.
 """
@@ -101,15 +102,28 @@ def fit(grid: Grid, available: int) -> tuple[list[int], list[str]]:
             excess -= 1
         if excess <= 0:
             break
-        candidates = [grid.columns.index(c) for c in grid.columns if c.name in grid.drop]
-        droppable = [
-            i for i in sorted(candidates, key=lambda i: list(grid.drop).index(grid.columns[i].name)) if i in shown
-        ]
+        droppable = [i for i in droppable_order(grid) if i in shown]
         if not droppable:
             break  # nothing more to leave out: the line stays long
         shown.remove(droppable[0])
         hidden.append(grid.columns[droppable[0]].name)
     return [ws[i] if i in shown else -1 for i in range(len(ws))], hidden
+
+
+def empty_columns(grid: Grid) -> set[int]:
+    """Columns in which every row says nothing ("-"): the first to leave out, before a useful one."""
+    return {
+        i
+        for i in range(len(grid.columns))
+        if grid.rows and all(Text.from_markup(cells[i]).plain.strip() in ("", "-", "—") for cells, _ in grid.rows)
+    }
+
+
+def droppable_order(grid: Grid) -> list[int]:
+    """The order columns are left out in: empty ones first (any but the first), then `drop`'s."""
+    empty = sorted(i for i in empty_columns(grid) if i > 0)
+    named = [grid.columns.index(c) for name in grid.drop for c in grid.columns if c.name == name]
+    return empty + [i for i in named if i not in empty]
 
 
 def line_width(widths: list[int]) -> int:

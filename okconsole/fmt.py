@@ -42,15 +42,17 @@ def clock(at_ms: int | None) -> str:
 
 
 def sparkline(values: list[float], width: int = 16) -> str:
-    """Unicode block sparkline of the newest `width` values, always `width` wide: the newest
-    sample is the rightmost cell, missing older samples are spaces on the left."""
+    """Unicode block sparkline of the newest `width` values, always `width` wide: it starts at its
+    column's left edge and grows to the right until full, then the newest sample is the rightmost
+    cell. (Padded on the left, a new console's few samples were drawn cells away from the column's
+    header: the web console, a new process per browser tab, always showed it so.)"""
     tail = values[-width:]
     top = max(tail, default=0)
     if top <= 0:
         bars = "▁" * len(tail)
     else:
         bars = "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in tail)
-    return bars.rjust(width)
+    return bars.ljust(width)
 
 
 def short(text: str | None, width: int) -> str:

@@ -14,17 +14,17 @@ from .safe import rich_markup
 WORKER_COLUMNS = (
     "Worker",
     "State",
-    "Leases",
+    "Leased now",
     "Orphaned",
     "Last seen",
-    "Held",
+    "Held at last beat",
     "Concurrency",
     "App",
     "Host",
     "Pid",
     "Started",
 )
-NUMERIC = {"Pid", "Concurrency", "Held", "Leases"}
+NUMERIC = {"Pid", "Concurrency", "Held at last beat", "Leased now"}
 STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknown": "bold red"}
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 

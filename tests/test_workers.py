@@ -143,7 +143,7 @@ async def test_a_sigkilled_worker_holding_a_lease_shows_orphaned_in_ops_show_and
     assert (a_json["state"], a_json["leases"], a_json["orphaned"], a_json["host"]) == ("lost", 1, 1,
                                                                                        socket.gethostname())
     table = run_okconsole("--db", db_url, "workers").stdout.splitlines()
-    assert table[0].split()[:5] == ["Worker", "State", "Leases", "Orphaned", "Last"]
+    assert table[0].split()[:5] == ["Worker", "State", "Leased", "now", "Orphaned"]
     [a_line] = [line for line in table if line.startswith("A ")]
     assert " lost " in a_line and "⚠ 1 orphaned" in a_line
 
@@ -217,7 +217,7 @@ async def test_the_workers_screen_lists_workers_and_marks_orphaned_leases(db_url
         await pilot.pause(0.3)  # the table sizes its columns to the new rows on its next refresh
         lines = screen_lines(console)
         header = next(line for line in lines if line.lstrip().startswith("Worker"))
-        assert header.split()[:5] == ["Worker", "State", "Leases", "Orphaned", "Last"]
+        assert header.split()[:5] == ["Worker", "State", "Leased", "now", "Orphaned"]
         [shop] = [line for line in lines if line.lstrip().startswith("shop-1")]
         [gone] = [line for line in lines if line.lstrip().startswith("gone-7")]
         assert "stopped" in shop and "orphaned" not in shop

@@ -16,6 +16,7 @@ from engine.display import inert
 from ..data import StoreDown
 from ..safe import content
 from ..widgets.keys import ConsoleFooter
+from ..widgets.tui_tables import FittedTable
 
 if TYPE_CHECKING:
     from ..app import ConsoleApp
@@ -54,11 +55,17 @@ class ConsoleScreen(Screen[None]):
         # until the store first answers (a server that accepts and never replies): say so
         yield Static(content("[b]okconsole[/b] · connecting to $url…", url=self.console.data.url), id="status")
         yield from self.body()
+        yield Static("", id="cols-note")  # which columns a narrow terminal left out (FittedTable)
         yield Input(placeholder="filter (prefix ! inverts) — enter applies, esc clears", id="filter")
         yield ConsoleFooter()
 
     def body(self) -> ComposeResult:
         yield from ()
+
+    def on_fitted_table_fitted(self, event: FittedTable.Fitted) -> None:
+        note = self.query_one("#cols-note", Static)
+        note.update(Content(event.note))  # column labels: plain text
+        note.display = bool(event.note)
 
     def on_mount(self) -> None:
         self.sub_title = inert(self.TITLE_TEXT)  # the first load comes with ScreenResume, as every later one

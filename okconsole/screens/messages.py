@@ -6,6 +6,7 @@ draws the page it gets, in the store's order."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from textual.app import ComposeResult
@@ -18,21 +19,24 @@ from engine.display import inert
 from .. import fmt
 from ..safe import cell, content
 from ..styles import STATUS_STYLE
-from ..widgets.tui_tables import Table, sync_rows
+from ..widgets.tui_tables import ALWAYS, Col, FittedTable
 from .controls import MessageControls, RowFacts
 
 PAGE = 50
 STATUS_KEYS = {"1": None, "2": "pending", "3": "inflight", "4": "delivered", "5": "dead"}
+# at a narrow width empty columns (Owner and Lease left outside inflight) give way first, then
+# the least useful; a note under the table names them
 COLUMNS = [
-    ("id", "Id"),
-    ("status", "Status"),
-    ("key", "Key"),
-    ("attempts", "Att."),
-    ("owner", "Owner"),
-    ("lease", "Lease left"),
-    ("created", "Created"),
-    ("note", "Note"),
+    Col("id", "Id", ALWAYS),
+    Col("status", "Status", 90),
+    Col("key", "Key", 70),
+    Col("attempts", "Att.", 40),
+    Col("owner", "Owner", 20),
+    Col("lease", "Lease left", 30),
+    Col("created", "Created", 60),
+    Col("note", "Note", 50),
 ]
+LABELS = {c.key: c.label for c in COLUMNS}
 # column -> (the store's sort, its shift+letter); Note is drawn here, not a stored value
 SORTS = {
     "id": ("id", "I"),
@@ -43,6 +47,26 @@ SORTS = {
     "lease": ("lease_expires_at", "L"),
     "created": ("created_at", "C"),
 }
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    """What a page was asked for: the title and the header's sort marker are drawn from the query
+    of the rows on screen, never from a newer one still loading (a slow store kept the old rows
+    under a new header, or an empty table, for a second or two)."""
+
+    status: str | None
+    search: str
+    sort_column: str | None  # None: emit order (newest first unless reversed)
+    descending: bool
+    page_no: int
+
+    def labels(self) -> dict[str, str]:
+        """The headers, the sorted one marked ▼ (descending) or ▲."""
+        mark = " ▼" if self.descending else " ▲"
+        return {key: label + (mark if key == self.sort_column else "") for key, label in LABELS.items()}
+
+
 SEARCH_HINT = "search payload, key, last failure (whole signal) — enter applies, esc clears"
 
 
@@ -75,21 +99,18 @@ class MessagesScreen(MessageControls):
         self.cut = False  # the last searched page stopped at the store's scan budget
         self.clock_offset_ms = 0  # the store's lease clock minus ours, from the last page
         self.rows: list[Any] = []
+        # what the next load asks for; `drawn` is the query of the rows on screen
         self.sort_column: str | None = None  # None: emit order (newest first unless reversed)
         self.descending = True
+        self.drawn = self._wanted()
 
     def body(self) -> ComposeResult:
         yield Static("", id="title")
-        table: DataTable[Any] = Table(id="messages", cursor_type="row", zebra_stripes=True)
-        self._add_columns(table)
-        yield table
+        yield FittedTable(COLUMNS, id="messages", cursor_type="row", zebra_stripes=True)
         yield Static("", id="empty")
 
-    def _add_columns(self, table: DataTable[Any]) -> None:
-        """The headers, the sorted one marked ▼ (descending) or ▲."""
-        for key, label in COLUMNS:
-            mark = (" ▼" if self.descending else " ▲") if key == self.sort_column else ""
-            table.add_column(label + mark, key=key)
+    def _wanted(self) -> PageQuery:
+        return PageQuery(self.status, self.filter_text, self.sort_column, self.descending, len(self.cursors))
 
     def on_mount(self) -> None:
         self.TITLE_TEXT = f"messages · {self.signal}"
@@ -103,17 +124,22 @@ class MessagesScreen(MessageControls):
         self.query_one("#messages", DataTable).focus()
 
     async def load(self) -> None:
+        wanted = self._wanted()
         page = await self.console.data.call(
             ops.message_page,
             self.signal,
-            self.status,
+            wanted.status,
             None,
             PAGE,
-            search=self.filter_text or None,
+            search=wanted.search or None,
             sort=self._store_sort(),
-            descending=self.descending,
+            descending=wanted.descending,
             cursor=self.cursors[-1],
         )
+        if wanted != self._wanted():  # asked for something else meanwhile: its own load follows
+            self._reload = True
+            return
+        self.drawn = wanted
         self.rows = page.items
         self.next_cursor = page.next_cursor
         self.cut = page.cut
@@ -122,7 +148,7 @@ class MessagesScreen(MessageControls):
         self.render_rows()
 
     def render_rows(self) -> None:
-        table = self.query_one("#messages", DataTable)
+        table = self.query_one("#messages", FittedTable)
         now = fmt.now_ms() + self.clock_offset_ms
         # Keys blocked behind their head: an older unfinished message of the same key on this page.
         heads: dict[str, str] = {}
@@ -157,25 +183,26 @@ class MessagesScreen(MessageControls):
                 cell(fmt.ago(row.created_at)),
                 cell(note),
             ]
-        sync_rows(table, list(wanted.items()), [c for c, _ in COLUMNS])
+        table.show(list(wanted.items()), self.drawn.labels())
         self.render_title(bool(wanted))
 
     def render_title(self, any_row: bool) -> None:
         """What the page shows (signal, status, order, page, search), or why it is empty."""
-        status = self.status or "all"
-        page_no = len(self.cursors)
+        drawn = self.drawn
+        status = drawn.status or "all"
         more = (" · n: search on" if self.cut else " · n: next page") if self.next_cursor is not None else ""
-        if self.sort_column is None:
-            order = "newest first" if self.descending else "oldest first"
+        if drawn.sort_column is None:
+            order = "newest first" if drawn.descending else "oldest first"
         else:
-            order = f"by {dict(COLUMNS)[self.sort_column]} {'▼' if self.descending else '▲'}"
-        found = " · search $search" if self.filter_text else ""
+            order = f"by {LABELS[drawn.sort_column]} {'▼' if drawn.descending else '▲'}"
+        found = " · search $search" if drawn.search else ""
         part = " (the store searched part of the signal)" if self.cut else ""
         self.query_one("#title", Static).update(
             content(
-                f"[b]$signal[/b] · {status} · {order} · page {page_no} ({len(self.rows)} rows){part}{more}{found}",
+                f"[b]$signal[/b] · {status} · {order} · page {drawn.page_no} ({len(self.rows)} rows)"
+                f"{part}{more}{found}",
                 signal=self.signal,
-                search=repr(self.filter_text),
+                search=repr(drawn.search),
             )
         )
         empty = self.query_one("#empty", Static)
@@ -227,17 +254,13 @@ class MessagesScreen(MessageControls):
         """Sort by `column` (descending first); the sorted column again reverses it."""
         if column not in SORTS:
             self.notify(
-                f"{dict(COLUMNS).get(column, column)} is drawn by the console, not stored: "
-                "it cannot be sorted by the store",
+                f"{LABELS.get(column, column)} is drawn by the console, not stored: it cannot be sorted by the store",
                 severity="warning",
             )
             return
         self.descending = not self.descending if column == self.sort_column else True
         self.sort_column = column
-        table = self.query_one("#messages", DataTable)
-        table.clear(columns=True)
-        self._add_columns(table)
-        self._first_page()
+        self._first_page()  # the header's marker changes with the rows, once they are here
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         if event.column_key.value:

@@ -174,5 +174,8 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(help_table(self.under))
                 yield Static("esc closes · --read-only hides every write")
 
+    def on_mount(self) -> None:
+        self.query_one("#help-text", VerticalScroll).focus()  # ↓ pgdn end scroll it
+
     def action_close(self) -> None:
         self.dismiss(None)

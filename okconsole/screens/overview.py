@@ -15,26 +15,28 @@ from engine import ops
 from .. import fmt
 from ..safe import assemble, cell, content
 from ..styles import DEAD_STYLE, HEALTH_OK, PAUSED_MARK, PAUSED_STYLE, health_style
-from ..widgets.tui_tables import Table, sync_rows
+from ..widgets.tui_tables import ALWAYS, Col, FittedTable
 from .base import ConsoleScreen, text_filter
 from .modals import ConfirmScreen
 
+# at a narrow width the least useful columns give way first (an empty one before any), and a note
+# under the table names them: Activity, then Kind, Delivered, Inflight, ...; the signal always stays
 COLUMNS = [
-    ("signal", "Signal"),
-    # right after the name, so no narrow terminal hides it: "ok", or why the signal needs a look
-    ("health", "Health"),
-    ("kind", "Kind"),
-    ("pending", "Pending"),
-    ("inflight", "Inflight"),
-    ("delivered", "Delivered"),
-    ("dead", "Dead"),
-    ("lag", "Lag"),
-    ("rate", "Deliv/s"),  # "Delivered/s" would not fit beside Dead/s in 80 columns
-    ("dead_rate", "Dead/s"),
-    ("activity", "Activity"),
+    Col("signal", "Signal", ALWAYS),
+    # right after the name, and kept longest: "ok", or why the signal needs a look
+    Col("health", "Health", 95),
+    Col("kind", "Kind", 20),
+    Col("pending", "Pending", 80),
+    Col("inflight", "Inflight", 40),
+    Col("delivered", "Delivered", 30),
+    Col("dead", "Dead", 90),
+    Col("lag", "Lag", 70),
+    Col("rate", "Deliv/s", 50),  # "Delivered/s" would not fit beside Dead/s in 80 columns
+    Col("dead_rate", "Dead/s", 60),
+    Col("activity", "Activity", 10),
 ]
 HISTORY = 32
-SPARKLINE_MIN_WIDTH = 100  # columns: narrower (80×24) drops the sparkline so the counts fit on screen
+HEALTH_IN_FULL_WIDTH = 100  # columns: narrower (80×24) shows only each signal's worst health mark
 
 
 class OverviewScreen(ConsoleScreen):
@@ -45,6 +47,7 @@ class OverviewScreen(ConsoleScreen):
         Binding("t", "tail", "Tail"),
         Binding("h", "history", "History"),
         Binding("a", "audit", "Audit log"),
+        Binding("w", "workers", "Workers"),
         Binding("p", "pause", "Pause"),
         Binding("u", "resume", "Resume"),
     ]
@@ -58,27 +61,12 @@ class OverviewScreen(ConsoleScreen):
         self.rows: dict[str, Any] = {}  # the latest stats row per signal (description, flows)
 
     def body(self) -> ComposeResult:
-        table: DataTable[Any] = Table(id="signals", cursor_type="row", zebra_stripes=True)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
-        yield table
+        yield FittedTable(COLUMNS, id="signals", cursor_type="row", zebra_stripes=True)
         yield Static("", id="empty")
         yield Static("", id="about")
 
     def focus_main(self) -> None:
         self.query_one("#signals", DataTable).focus()
-
-    def on_resize(self) -> None:
-        self.fit_columns()
-
-    def fit_columns(self) -> None:
-        """The Activity sparkline only where it fits beside the counts (it is the last column)."""
-        table = self.query_one("#signals", DataTable)
-        wide = self.app.size.width >= SPARKLINE_MIN_WIDTH
-        if wide and "activity" not in table.columns:
-            table.add_column(COLUMNS[-1][1], key="activity")
-        elif not wide and "activity" in table.columns:
-            table.remove_column("activity")
 
     async def load(self) -> None:
         stats = await self.console.data.call(ops.stats)
@@ -94,10 +82,7 @@ class OverviewScreen(ConsoleScreen):
     def render_rows(self, stats: list[Any], retained: dict[str, int], heads: dict[str, int] | None = None) -> None:
         """`heads`: each live tape's head seq; its rate counts appended events (the retained count
         stops growing at the retention cap)."""
-        table = self.query_one("#signals", DataTable)
-        self.fit_columns()
-        shown = [c for c, _ in COLUMNS if c in table.columns]
-        wide = self.app.size.width >= SPARKLINE_MIN_WIDTH
+        wide = self.app.size.width >= HEALTH_IN_FULL_WIDTH
         keep = text_filter(self.filter_text) if self.filter_text else None
         now = time.monotonic()
         wanted: dict[str, list[Any]] = {}
@@ -111,8 +96,8 @@ class OverviewScreen(ConsoleScreen):
             if keep is not None and not keep(f"{row.signal} {row.kind} {' '.join(row.health)}"):
                 continue
             cells = row_cells(row, (rate, dead_rate), list(spark), retained.get(row.signal, 0), narrow=not wide)
-            wanted[row.signal] = cells[: len(shown)]
-        sync_rows(table, list(wanted.items()), shown)
+            wanted[row.signal] = cells
+        self.query_one("#signals", FittedTable).show(list(wanted.items()))
         if not stats:
             note = "No signals in this store yet. Boot an app on it (or run `okconsole demo`) and they appear here."
         elif not wanted:
@@ -192,6 +177,9 @@ class OverviewScreen(ConsoleScreen):
 
     def action_audit(self) -> None:
         self.console.open_audit()
+
+    def action_workers(self) -> None:
+        self.console.open_workers()
 
     def action_pause(self) -> None:
         self._pause_or_resume(pause=True)

@@ -13,12 +13,27 @@ from engine import ops
 
 from .. import fmt
 from ..safe import cell
-from ..widgets.tui_tables import Table, sync_rows
+from ..widgets.tui_tables import ALWAYS, Col, FittedTable
 from .base import ConsoleScreen, text_filter
 
-# what tells stuck from slow first: at 80 columns the rest is a horizontal scroll away
-COLUMNS = ("worker", "state", "leases", "orphaned", "seen", "held", "concurrency", "app", "host", "pid", "started")
-LABELS = {"seen": "Last seen", "concurrency": "Conc."}
+# what tells stuck from slow first: at 80 columns the others give way (a note names them)
+COLUMNS = [
+    Col("worker", "Worker", ALWAYS),
+    Col("state", "State", 90),
+    Col("leases", "Leased now", 80),
+    Col("orphaned", "Orphaned", 85),
+    Col("seen", "Last seen", 70),
+    Col("held", "Held at last beat", 50),
+    Col("concurrency", "Conc.", 40),
+    Col("app", "App", 30),
+    Col("host", "Host", 25),
+    Col("pid", "Pid", 20),
+    Col("started", "Started", 10),
+]
+LEGEND = (
+    "Leased now: messages the store says the worker holds · Held at last beat: what the worker counted"
+    " at its last heartbeat (running, or claimed ahead and waiting for a slot)"
+)
 STATE_STYLE = {"running": "green", "stopped": "dim", "lost": "bold red", "unknown": "bold red"}
 
 
@@ -47,10 +62,8 @@ class WorkersScreen(ConsoleScreen):
 
     def body(self) -> ComposeResult:
         yield Static("", id="workers-summary")
-        table: DataTable[Any] = Table(id="workers", cursor_type="row", zebra_stripes=True)
-        for key in COLUMNS:
-            table.add_column(LABELS.get(key, key.capitalize()), key=key)
-        yield table
+        yield FittedTable(COLUMNS, id="workers", cursor_type="row", zebra_stripes=True)
+        yield Static(LEGEND, id="workers-legend")
 
     def focus_main(self) -> None:
         self.query_one("#workers", DataTable).focus()
@@ -63,7 +76,7 @@ class WorkersScreen(ConsoleScreen):
             cells = worker_cells(w)
             if keep is None or keep(" ".join(c.plain for c in cells)):
                 rows.append((w.worker_id, cells))
-        sync_rows(self.query_one("#workers", DataTable), rows, COLUMNS)
+        self.query_one("#workers", FittedTable).show(rows)
         self.query_one("#workers-summary", Static).update(summary(found))
 
     def action_copy_id(self) -> None:
