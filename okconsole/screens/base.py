@@ -63,12 +63,19 @@ class ConsoleScreen(Screen[None]):
         yield from ()
 
     def on_fitted_table_fitted(self, event: FittedTable.Fitted) -> None:
-        note = self.query_one("#cols-note", Static)
-        note.update(Content(event.note))  # column labels: plain text
-        note.display = bool(event.note)
+        self.show_cols_note()
+
+    def show_cols_note(self) -> None:
+        """The columns a narrow terminal left out, as the screen's tables say now (a table fits
+        itself as it mounts, before this line exists: the screen's mount shows it then)."""
+        notes = [table.note for table in self.query(FittedTable) if table.note]
+        for note in self.query("#cols-note").results(Static):
+            note.update(Content(" · ".join(notes)))  # column labels: plain text
+            note.display = bool(notes)
 
     def on_mount(self) -> None:
         self.sub_title = inert(self.TITLE_TEXT)  # the first load comes with ScreenResume, as every later one
+        self.show_cols_note()
         self.set_interval(self.console.refresh_s, self.action_refresh)
 
     def action_refresh(self) -> None:
