@@ -47,6 +47,11 @@ async def settle(pilot, predicate, timeout: float = 10.0) -> None:
     await pilot.pause(0.3)
 
 
+def marked(table, word: str) -> bool:
+    """Whether any cell of the table shows `word`."""
+    return any(word in str(cell) for i in range(table.row_count) for cell in table.get_row_at(i))
+
+
 async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
     saved: list[str] = []
     out.mkdir(exist_ok=True)
@@ -58,6 +63,8 @@ async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
 
     async with app.run_test(size=size) as pilot:
         await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
+        # the dead letters' health mark follows the per-minute history the demo writes every 5 s
+        await settle(pilot, lambda: marked(app.screen.query_one("#signals"), "dead+"), timeout=20.0)
         await pilot.pause(2.5)  # a few refreshes: rates and sparklines
         save("overview")
         app.jump("history tasks.email")
@@ -91,6 +98,9 @@ async def shoot(url: str, out: Path, size: tuple[int, int]) -> list[str]:
         await pilot.press("t")
         await settle(pilot, lambda: app.screen.rendered is not None)
         save("trace")
+        app.jump("keys tasks.email")
+        await settle(pilot, lambda: app.screen.query_one("#keys").row_count > 0)
+        save("keys")
         app.jump("tail order-status")
         await settle(pilot, lambda: app.screen.received >= 10)
         save("tail")
