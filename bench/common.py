@@ -171,7 +171,7 @@ PROBE_ITEMS = 2_000
 def speed_probe_ms() -> float:
     """Milliseconds a fixed pure-Python workload (encode, decode and sort 2,000 small dicts) takes
     now, the best of 3. On a shared VM the same drain's client CPU moved by 1.6x between two
-    minutes with nothing else running (bench/ONCE.md); timed before and after each run, this tells
+    minutes with nothing else running (bench/README.md); timed before and after each run, this tells
     a run on a slow CPU from a slow revision."""
     best = float("inf")
     for _ in range(PROBE_ROUNDS):

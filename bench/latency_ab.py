@@ -9,7 +9,7 @@ on every side, in a shuffled order, each after a random 0–100 ms pause, so a s
 disk's fsync lands on every side alike; latency.py runs its sides one after the other, which is
 fine for a report but too coarse for a 0.1 ms change. Prints per side the p50, p90 and the emit
 call's p50, and the p50's ratio to the raw loop. Two copies of one revision differ by about
-0.1 ms p50 at 300 messages (bench/ONCE.md).
+0.1 ms p50 at 300 messages.
 """
 
 from __future__ import annotations

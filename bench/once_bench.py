@@ -8,7 +8,7 @@
 
 Starts a throw-away PostgreSQL (tests/pgcluster.py) and stops it at the end, also on Ctrl-C.
 Raw results go to bench/results/once-<stamp>.jsonl, the printed report to
-bench/results/once-<stamp>.txt. See bench/ONCE.md for what exactly is measured.
+bench/results/once-<stamp>.txt. See bench/README.md for what exactly is measured.
 """
 from __future__ import annotations
 

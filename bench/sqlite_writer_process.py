@@ -4,7 +4,7 @@
 
 A drain at 32 handlers is a cycle of the writer's transaction (settle the last batch, claim the
 next) and the loop's turn (run the batch's handlers). In one process the two serialise on the GIL
-(bench/ONCE.md, "SQLite at 32 handlers: which thread is busy"). This script drains a store filled
+(docs/design/sqlite-writer-process.md). This script drains a store filled
 by the engine with a cut-down worker: the engine's own settle and claim statements, claims of 128,
 two requests in flight so the writer's next transaction can run beside the loop's turn, each
 commit fsynced by a syncer thread beside the writer. It runs the writer in a forked process, in a

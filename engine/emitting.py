@@ -136,7 +136,7 @@ def emit_options(
 ) -> EmitOptions:
     """The checked time and order options of one emit (TypeError / ValueError before any write)."""
     if delay is None and at is None and dedupe is None and type(priority) is int and priority == 0:
-        return PLAIN  # no option: nothing to check (an idle emit runs this code cold, bench/ONCE.md)
+        return PLAIN  # no option: nothing to check (an idle emit runs this cold: docs/design/idle-path.md)
     label = f'{what}("{signal.name}")'
     schedule = schedule_of(label, delay, at)
     checked_priority = check_priority(label, priority)

@@ -32,7 +32,7 @@ def _random_counter() -> itertools.count[int]:
 # across milliseconds. `next()` on itertools.count is atomic, so no two threads share a value, and
 # ids made in a row sort in the order they were made. Drawing a fresh start each millisecond (as
 # before) cost an urandom call and a new counter on the first id of every millisecond, which after
-# an idle spell is every emit's and every run's, at about 25 µs with cold caches (bench/ONCE.md).
+# an idle spell is every emit's and every run's (docs/design/idle-path.md).
 # Two processes collide only if their counters, 2**78 apart on average, meet in one millisecond.
 _noise = _random_counter()
 _last_stamp: tuple[int, str] = (-1, "")  # (ms, its base32): one tuple, so threads see a matching pair

@@ -27,7 +27,8 @@ T = TypeVar("T")
 
 class NewMessage(NamedTuple):
     """A row to enqueue: one per once message, one per flow for a broadcast. (A named tuple, as
-    Claimed: emit_many builds one per message, 0.5 µs instead of 2.5 for a frozen dataclass.)"""
+    Claimed: emit_many builds one per message, and a named tuple builds several times faster than a
+    frozen dataclass.)"""
 
     id: str
     signal: str
@@ -55,7 +56,7 @@ class NewMessage(NamedTuple):
 
 class Claimed(NamedTuple):
     """A message a worker now holds under a lease. (Named tuples, not frozen dataclasses, for the
-    two records made per message on the hot path: 0.2 µs to build instead of 0.9.)"""
+    two records made per message on the hot path: they build several times faster.)"""
 
     seq: int
     id: str

@@ -1,8 +1,8 @@
 """The hot connections of a PostgreSQL store: what emits, claims and settles run on.
 
 asyncpg's Pool arms a timer on every acquire and runs every release in a task of its own (a
-shield), and an idle worker's emit → handler start pays for both twice, with cold caches: 0.08 +
-0.14 ms a call, a quarter of the gap to a raw LISTEN/NOTIFY loop (bench/ONCE.md). Here a call takes
+shield), and an idle worker's emit → handler start pays for both twice, with cold caches
+(docs/design/idle-path.md). Here a call takes
 the connection given back last and gives it back without awaiting anything; only waiting for one
 (all in use) or opening one awaits, and that is bounded like a statement.
 

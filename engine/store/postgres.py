@@ -108,7 +108,7 @@ def describe_target(url: str) -> str:
 
 class PostgresStore(Store):
     dialect = "postgresql"
-    concurrent_claims = 2  # a claim's round trip overlaps the other's (measured: see bench/ONCE.md)
+    concurrent_claims = 2  # a claim's round trip overlaps the other's (docs/design/claim-ahead.md)
 
     def __init__(self, url: str, pool_size: int = 4, listen_url: str | None = None) -> None:
         self.url = url
@@ -322,8 +322,7 @@ class PostgresStore(Store):
     async def paused_signals(self) -> frozenset[str]:
         # On a hot connection in one statement: a worker reads this before a claim after a pause
         # notice (or, while its LISTEN connection is down, after an idle spell). Through SQLAlchemy
-        # (checkout, BEGIN, SELECT, COMMIT) the read held that claim up by about 1.5 ms
-        # (emit -> handler p90 4.7 -> 3.0 ms, bench/ONCE.md).
+        # (checkout, BEGIN, SELECT, COMMIT) the read held that claim up (docs/design/idle-path.md).
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
             rows = await conn.fetch(PAUSED_SIGNALS_SQL)
@@ -338,7 +337,7 @@ class PostgresStore(Store):
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         # Not joined with the next claim (SQLite does that): here the settle runs on its own
         # connection while the next claim is in flight, and that overlap is worth more than the
-        # commit it would save (measured: 1,000-1,080 vs 1,300-1,360 msgs/s at 8 handlers).
+        # commit it would save (docs/design/claim-ahead.md).
         assert self.hot is not None, "store is not open"
         failed_to: dict[tuple[int, int], str] = {}
         async with self.hot.connection() as conn:

@@ -32,8 +32,8 @@ def Name(length: int | None = None) -> Any:
     """A name, id or status: compared bytewise on PostgreSQL (`COLLATE "C"`) as on SQLite (BINARY).
 
     Under a database locale such as en_US.UTF-8 (the default of the official Docker image) every
-    index entry of a text column is placed by strcoll(): index upkeep took twice as long, and an
-    8-handler drain ran 1.18-1.46x faster once these columns collated "C" (bench/ONCE.md). Free text
+    index entry of a text column is placed by strcoll(), which doubles index upkeep on the hot path
+    (docs/design/sort-indexes.md). Free text
     (payloads, messages, reasons) and message keys keep the database's collation: the console's
     search folds their case with it, and sorts keys by it."""
     plain = String(length) if length else Text()
@@ -183,7 +183,7 @@ _partial_index(
 Index("oke_messages_signal_status", messages.c.signal, messages.c.status, messages.c.seq)
 # Keyed lists and trace children. Partial: a status change rewrites every index entry of its row
 # on PostgreSQL (never a HOT update), so unkeyed and parentless messages are kept out of these two
-# (measured: +10 % once throughput at 8 handlers). Queries by key = / parent = ... still use them.
+# (docs/design/sort-indexes.md). Queries by key = / parent = ... still use them.
 # Stores created before schema 2 keep their full indexes of the same names (same answers).
 _KEYED = "key IS NOT NULL"
 _CHILD = "parent_run_id IS NOT NULL"
@@ -199,15 +199,14 @@ _partial_index("oke_messages_parent", messages.c.parent_run_id, where=_CHILD)
 # The console's sorted lists (engine/ops/listing.py): one (signal, column, seq) index per sortable
 # column that no index above orders (status and key have theirs). The lease and its holder exist
 # only on inflight rows, so their sorts read those rows from (signal, status, seq) and need no index.
-# Each store keeps the hot path's cost of these indexes low in its own way (bench/ONCE.md):
+# Each store keeps the hot path's cost of these indexes low in its own way (docs/design/sort-indexes.md):
 # - PostgreSQL gives a row new entries in every index on each claim and settle (an update of a
-#   status is never HOT; full indexes on six columns cost about 25 % of once throughput at 8
-#   handlers), so its indexes leave inflight rows out: a claim writes none of their entries, a
+#   status is never HOT), so its indexes leave inflight rows out: a claim writes none of their entries, a
 #   settle one per index. The few inflight rows are read apart and merged in.
 # - SQLite touches only the indexes whose columns (or partial WHERE) an update changes, so an index
 #   over every row on a column no claim or settle writes (id, created_at) costs them nothing, while
-#   a `status <> 'inflight'` one costs a delete and an insert per message (measured: 7 % of once
-#   throughput at 32 handlers). attempts changes on each claim either way: it leaves inflight rows out.
+#   a `status <> 'inflight'` one costs a delete and an insert per message. attempts changes on each
+#   claim either way: it leaves inflight rows out.
 # Added to existing stores by ensure_schema (IF NOT EXISTS), which also drops the store's
 # RETIRED_SORT_INDEXES, so no schema version step.
 SETTLED = "status <> 'inflight'"

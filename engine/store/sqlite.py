@@ -102,8 +102,8 @@ class SqliteStore(Store):
         self._process = WriterProcess(self.path, busy_timeout_ms) if writer == "process" else None
         # With the writer in its own process two claims in flight overlap: one runs there while
         # the loop runs the other's handlers (on the thread they would only queue), and a worker
-        # holds a full claim ahead for each. At 32 handlers, 60,000 messages: ahead ≤ 128 drained
-        # 37,000–39,000 msgs/s in claims of 80, ahead ≤ 256 46,700–47,500 in claims of 112.
+        # holds a full claim ahead for each: a hold shared by two lanes made smaller claims, and the
+        # extra transactions ate the gain (docs/design/sqlite-writer-process.md).
         if self._process is not None:
             self.concurrent_claims = 2
         self.tally = HistoryTally()
@@ -197,9 +197,8 @@ class SqliteStore(Store):
 
     settles_with_claims = True
     # Every claim is one writer transaction with its WAL frames and sync, whatever its size, so a
-    # message pays less of it in a larger one: at 32 handlers claims of 128 instead of 64 drained
-    # 43,000 msgs/s against 38,500 (bench/ab.py, 4 ABBA pairs). 256 gave 9 % more again, but a
-    # longer writer transaction makes every emit of the process that meets it wait longer.
+    # message pays less of it in a larger one (docs/design/claim-ahead.md). Larger still drains
+    # faster, but a longer writer transaction makes every emit of the process that meets it wait.
     claim_rows_max = 128
 
     async def settle_and_claim(

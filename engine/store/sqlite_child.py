@@ -2,9 +2,9 @@
 
 In one process a SQLite drain is a serial cycle, the writer's transaction and then the loop's
 turn, because a writer thread and the event loop share the GIL. In a process of its own the writer
-runs the next claim while the loop runs the last one's handlers (bench/ONCE.md). The store
+runs the next claim while the loop runs the last one's handlers (docs/design/sqlite-writer-process.md). The store
 (sqlite_process.py) starts it with stub parent packages, so it imports only the standard library
-and the engine's stdlib-only modules: no SQLAlchemy, about 50 ms to start instead of 600.
+and the engine's stdlib-only modules: no SQLAlchemy, so it starts in a fraction of the time.
 
 It ends when its socket closes: when the store sends `close` (everything sent before is run and
 synced first), or when its parent dies (what is still unread then is not run: nobody waits for it).

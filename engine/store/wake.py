@@ -115,7 +115,7 @@ class Waker:
     async def _sleep(self, seconds: float) -> None:
         """Until `wake` or `seconds`: one future and one timer. `asyncio.wait_for(event.wait())`
         costs a task or two and a loop iteration more, which an idle worker's emit → handler start
-        pays with cold caches (bench/ONCE.md)."""
+        pays with cold caches (docs/design/idle-path.md)."""
         sleeper = self.loop.create_future()
         self._sleepers.add(sleeper)
         timer = self.loop.call_later(seconds, _resolve, sleeper)

@@ -7,7 +7,7 @@ is not paused, takes that offer in its own statement: it deletes the offer and i
 already inflight, attempt 1, under that worker's lease, then NOTIFYs `oke_take` with
 "<worker id> <seq>" instead of `oke_wake`. The worker reads the message by seq (no commit, no
 fsync) and runs it: the claim's round trip with its commit leaves the emit → handler path
-(bench/ONCE.md: p50 1.27-1.32x the raw LISTEN/NOTIFY loop before, 1.0-1.1x after).
+(docs/design/idle-handoffs.md).
 
 An offer names the backend of the worker's LISTEN connection, which holds an advisory lock while
 it lives, and an emit passes over an offer whose backend is gone: a worker SIGKILLed while idle,

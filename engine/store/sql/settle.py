@@ -16,8 +16,8 @@ import functools
 # Successes from ACK_BATCH_FROM of them: one `seq IN (...)` statement per attempt number, under a
 # savepoint, with no RETURNING. When every outcome matched its row (the rule) that is all; when one
 # did not (its lease was lost), the savepoint is rolled back and SQLITE_ACK_BATCH, which returns the rows
-# it acked, does the batch instead. Measured a message: at 32, 3.2 µs against 4.4 for SQLITE_ACK_BATCH
-# alone (its json_each join and RETURNING) and 6.5 one by one; from 4 on it beats one by one.
+# it acked, does the batch instead. It is cheaper a message than SQLITE_ACK_BATCH alone (its
+# json_each join and RETURNING) and, from ACK_BATCH_FROM outcomes on, than acking one by one.
 ACK_BATCH_FROM = 4
 ACK_ROWS_PER_STATEMENT = 64
 
@@ -73,7 +73,7 @@ RUN_ROWS_PER_STATEMENT = 64  # 12 parameters a row: far inside SQLite's 32,766
 
 @functools.lru_cache(maxsize=RUN_ROWS_PER_STATEMENT)
 def sqlite_runs_statement(rows: int) -> str:
-    """A multi-row insert of `rows` runs: measured 40 % cheaper than executemany of one row."""
+    """A multi-row insert of `rows` runs: much cheaper than executemany of one row at a time."""
     values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
     return f"INSERT INTO oke_runs ({SQLITE_RUN_COLUMNS}) VALUES {values} ON CONFLICT (run_id) DO NOTHING"
 
@@ -84,8 +84,8 @@ def sqlite_runs_statement(rows: int) -> str:
 # At most POSTGRES_ACK_ROWS_PER_STATEMENT a statement. The planner judges `status = 'inflight' AND
 # locked_by = $11` by statistics taken when nearly nothing was inflight (after a burst of emits,
 # say), so it expects one row there. With a large array it then scans the table once and compares
-# each inflight row with every array element: 20,000 rows and 1,000 outcomes took 0.8 s instead of
-# 0.07 (bench/ONCE.md). Below a few hundred rows it probes the seq index, whatever the statistics.
+# each inflight row with every array element, quadratic (docs/design/claim-ahead.md). Below a few
+# hundred rows it probes the seq index, whatever the statistics.
 POSTGRES_ACK_ROWS_PER_STATEMENT = 64
 POSTGRES_ACK_WITH_RUNS = """
 WITH d AS (
