@@ -20,14 +20,14 @@ from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import OkeError, StoreUnavailable
 from .flows import Binding, Manifest, build_manifest, current_bindings
 from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
-from .http.limits import DEFAULT_MAX_CONNECTIONS, check_max_connections
+from .http.limits import check_max_connections
 from .http.routes import check_routes
 from .http.server import HttpServer
 from .ids import new_id
 from .live import tape
 from .live.appender import AppendInterrupted, LiveAppender
 from .retention import parse_policy
-from .runtime import HttpRuntime, Runtime, not_started
+from .runtime import DEFAULT_MAX_CONNECTIONS, HttpRuntime, Runtime, not_started
 from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import NewMessage, Store, check_sqlite_writer, make_store, queue_name, registry, resolve_url
 from .store.caller import check_caller_connection

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .http.limits import DEFAULT_MAX_CONNECTIONS
 from .payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -22,6 +21,9 @@ if TYPE_CHECKING:
     from .signals import Signal
     from .store import Store
     from .telemetry import RunHooks
+
+# open connections `serve()` answers at once, SSE streams included; one more gets 503 (http/limits.py)
+DEFAULT_MAX_CONNECTIONS = 10_000
 
 
 class Emit(Protocol):

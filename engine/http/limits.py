@@ -18,7 +18,6 @@ from typing import Any
 from .routes import HttpError
 
 BODY_SLACK_BYTES = 64 * 1024  # a request's JSON around the payload: its other fields, whitespace, escapes
-DEFAULT_MAX_CONNECTIONS = 10_000
 
 
 def check_max_connections(value: object) -> int:

@@ -273,7 +273,7 @@ failures = Table(
     Column("run_id", Name(40)),
     # "failure" for a failed attempt, "replayed" for an operator's replay marker.
     Column("kind", Name(10), nullable=False, server_default=text("'failure'")),
-    # The handler's traceback, its last 8 KiB (engine/worker/failures.py); NULL for a failure no
+    # The handler's traceback, its last 8 KiB (engine/failures.py); NULL for a failure no
     # handler raised (a cancel, an unbind, a replay marker) and for rows written before schema 7.
     Column("traceback", Text),
 )

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..worker.failures import failure_message
+from ..failures import failure_message
 
 TRACER_NAME = "okengine"
 API_MODULE = _API = "opentelemetry.trace"  # imported by whoever configures a provider

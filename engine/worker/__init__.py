@@ -31,9 +31,9 @@ A pool is a few objects, each the one owner of its state, wired by `pool.py`; on
 - `pool.py`: `WorkerPool`: wires the parts, and `run`, start to stop.
 """
 
+from ..failures import failure_code, failure_message
 from .averages import EWMA_WEIGHT
 from .claim_ahead import AHEAD_LEASE_SHARE
-from .failures import failure_code, failure_message
 from .leases import START_LEASE_SHARE
 from .pool import WorkerPool
 from .route import Route

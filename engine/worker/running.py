@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 
 from .. import payloads
+from ..failures import failure_code, failure_message, failure_traceback
 from ..fx import Fx
 from ..ids import new_id, now_ms
 from ..runtime import Runtime
 from ..store import Claimed, Outcome
 from .averages import ewma
 from .claim_ahead import WaitingLine
-from .failures import failure_code, failure_message, failure_traceback
 from .invoking import call_handler, call_within_timeout
 from .route import Route
 from .turns import Resumed

@@ -2,7 +2,7 @@
 boundary after a line saying so, storable as text on both stores."""
 from __future__ import annotations
 
-from engine.worker.failures import TRACEBACK_BYTES, failure_traceback
+from engine.failures import TRACEBACK_BYTES, failure_traceback
 
 
 def raised(exc: BaseException) -> BaseException:

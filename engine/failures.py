@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traceback
 
-from ..errors import OkeError
+from .errors import OkeError
 
 TRACEBACK_BYTES = 8 * 1024  # what a failure keeps of its traceback: the end, where the raise is
 CUT_MARK = "… cut: the last {kept:,} of {total:,} bytes of this traceback\n"
