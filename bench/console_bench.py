@@ -86,7 +86,7 @@ async def filled(url: str, n: int) -> Expected:
     store = make_store(url)
     await store.open()
     try:
-        exp.index_seconds = await build_search_index(store)
+        exp.index_seconds = await build_search_index(store, url)
     finally:
         await store.close()
     log(f"    search index built in {exp.index_seconds:.1f}s ({exp.index_seconds / n * 1e6:.1f}s per million)")
@@ -238,6 +238,10 @@ async def main() -> int:
             env.update(await run_postgres(args, sizes, results))
         else:
             raise SystemExit(f"unknown backend {backend!r} (sqlite, postgres)")
+        # a 10M run takes the better part of an hour a backend: keep what is measured if a later one fails
+        partial = Path(args.out) / f"console-{time.strftime('%Y%m%d-%H%M%S', time.localtime(started))}.partial.json"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=1, default=str))
     text = [f"okconsole at scale: medians (UI: {args.ui_reps} runs; ops: {args.reps} calls), "
             f"floors at {sizes[-1]:,}: < {ABS_FLOOR_S} s and ≤ {REL_FLOOR:g}× the {sizes[0]:,} time; "
             f"a store-side sorted page < {PAGE_FLOOR_S} s, a searched page < {SEARCH_FLOOR_S} s",

@@ -259,7 +259,7 @@ def _fill_sqlite(url: str, n: int, seed: int, now: int, exp: Expected) -> None:
 BUILD_BATCH = 250_000
 
 
-async def build_search_index(store: Any) -> float:
+async def build_search_index(store: Any, url: str) -> float:
     """Fill the store's text index as the background pass would, in bulk: large batches, and on
     PostgreSQL the GIN index dropped first and built once at the end. Returns the seconds taken."""
     from sqlalchemy import text
@@ -274,10 +274,16 @@ async def build_search_index(store: Any) -> float:
     seq, failure_id, _xmin, _xmax = await store.read(search_index.newest)  # no other writer: all final
     while (await store.write(lambda conn: search_index.index_batch(conn, seq, failure_id, BUILD_BATCH))).more:
         pass
-    if postgres:
-        def create(conn: Any) -> None:
-            conn.execute(text("SET LOCAL maintenance_work_mem = '512MB'"))
-            conn.execute(text(f"CREATE INDEX {gin} ON {search_index.PG_TABLE} USING gin (doc gin_trgm_ops)"))
-            conn.execute(text(f"ANALYZE {search_index.PG_TABLE}"))
-        await store.write(create)
+    if postgres:  # minutes at 10M rows: on a connection of its own, past the store's statement timeout
+        import asyncpg
+
+        from engine.store.postgres import asyncpg_dsn
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
+            await conn.execute("SET maintenance_work_mem = '512MB'")
+            await conn.execute(f"CREATE INDEX {gin} ON {search_index.PG_TABLE} USING gin (doc gin_trgm_ops)",
+                               timeout=None)
+            await conn.execute(f"ANALYZE {search_index.PG_TABLE}", timeout=None)
+        finally:
+            await conn.close()
     return time.perf_counter() - started
