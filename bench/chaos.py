@@ -326,7 +326,7 @@ class Workers:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"sqlite_child" in cmdline:
+            if b"engine.store.sqlite.child" in cmdline:
                 os.kill(child, os_signal.SIGKILL)
                 return wid
         return None

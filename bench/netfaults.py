@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos  # noqa: E402  (bench/chaos.py: the workers, the emitter, the readers, the checks)
 
-from engine.store.postgres import COMMAND_TIMEOUT_S  # noqa: E402
+from engine.store.postgres.store import COMMAND_TIMEOUT_S  # noqa: E402
 
 NET = "10.77"  # a private range used only on the veths this run creates inside its namespaces
 

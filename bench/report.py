@@ -7,7 +7,7 @@ speed moves from minute to minute, and two medians may come from runs minutes ap
 from __future__ import annotations
 
 from common import median
-from engine.store.sqlite import SqliteStore
+from engine.store.sqlite.store import SqliteStore
 from engine.worker.claim_ahead import CLAIM_MAX
 
 CONCS = (1, 8, 32)

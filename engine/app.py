@@ -32,7 +32,7 @@ from .signals import MAX_NAME_LENGTH, Signal, all_declared, check_name, declared
 from .store import NewMessage, Store, check_sqlite_writer, make_store, queue_name, registry, resolve_url
 from .store.caller import check_caller_connection
 from .store.outage import describe, is_outage
-from .store.pg_pooler import check_listen_url
+from .store.postgres.pooler import check_listen_url
 from .telemetry import RunHooks, tracing
 from .worker import Route, WorkerPool
 

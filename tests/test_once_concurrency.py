@@ -453,7 +453,7 @@ async def test_no_message_is_claimed_twice_under_a_live_lease(db_url, procs):
 
 def _open_at_barrier(path: str, barrier, results) -> None:
     """One process's first open of a shared SQLite file, started together with its siblings."""
-    from engine.store.sqlite import SqliteStore
+    from engine.store.sqlite.store import SqliteStore
 
     async def go() -> None:
         store = SqliteStore(f"sqlite:///{path}")

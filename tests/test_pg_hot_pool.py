@@ -1,4 +1,4 @@
-"""The PostgreSQL store's hot connections (engine/store/pg_hot.py): emits, claims and settles take
+"""The PostgreSQL store's hot connections (engine/store/postgres/hot.py): emits, claims and settles take
 one and give it back without a reset query or a task. What that must not break: never more than
 `size` open, a waiting call served by the next connection given back (or by the place of one
 discarded), a connection that comes back in an unknown state never handed out again, and a wait
@@ -13,8 +13,8 @@ import pytest
 
 from engine import StoreUnavailable, oke, signal
 from engine.store import make_store
-from engine.store.pg_hot import HotConnections
-from engine.store.postgres import COMMAND_TIMEOUT_S, PostgresStore, asyncpg_dsn
+from engine.store.postgres.hot import HotConnections
+from engine.store.postgres.store import COMMAND_TIMEOUT_S, PostgresStore, asyncpg_dsn
 
 
 def _hot(pg_url: str, size: int, wait_s: float = 5.0, max_idle_s: float = 300.0) -> tuple[HotConnections, list[int]]:

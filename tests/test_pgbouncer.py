@@ -33,9 +33,9 @@ from workers.db import fetch, pg_dsn
 
 import engine
 from engine import flow, http, oke, on, signal
-from engine.store.pg_hot import HotConnections
-from engine.store.pg_pooler import PoolerMisconfigured, misconfigured, pooler_refusal
-from engine.store.postgres import _transaction
+from engine.store.postgres.hot import HotConnections
+from engine.store.postgres.pooler import PoolerMisconfigured, misconfigured, pooler_refusal
+from engine.store.postgres.store import _transaction
 
 TESTS = Path(__file__).resolve().parent
 NO_POLL_S = 30.0  # the workers' own fallback poll, made long: only a wake-up can start a handler soon
@@ -366,7 +366,7 @@ async def test_a_listen_url_of_another_database_is_refused(pgbouncer_transaction
 
 async def test_a_connection_through_the_pooler_does_not_hear_notify(pgbouncer_transaction, pg_url, monkeypatch):
     """The last of listen_url's checks at start: its connection hears a NOTIFY sent on ours."""
-    monkeypatch.setattr("engine.store.postgres.LISTEN_PROBE_S", 1.0)
+    monkeypatch.setattr("engine.store.postgres.store.LISTEN_PROBE_S", 1.0)
     url = pgbouncer_transaction.sqlalchemy_url(_database(pg_url), KNOB)
     async with oke("pgb-listen", database_url=url, listen_url=pg_url) as app:
         direct = await asyncpg.connect(pg_dsn(pg_url))

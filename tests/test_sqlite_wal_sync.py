@@ -1,4 +1,4 @@
-"""SQLite durability with the store's own WAL sync (engine/store/sqlite_thread.py, walsync.py).
+"""SQLite durability with the store's own WAL sync (engine/store/sqlite/thread.py, walsync.py).
 
 SQLite runs at synchronous=NORMAL and every commit's WAL is fdatasynced before its call returns:
 by the writer thread itself when no other call waits for it, else by the syncer thread beside it
@@ -11,7 +11,7 @@ never a silent success, for every commit it carried.
 The sync is gated by wrapping the real fdatasync (the OS call, not the engine), so a test can hold
 a thread inside it and look at what the rest of the engine does meanwhile. That wrapper lives in
 this process, so these tests run the writer thread (`sqlite_writer="thread"`); the writer process
-runs the same code on its side (engine/store/sqlite_file.py `StoreFile.deliver`), and
+runs the same code on its side (engine/store/sqlite/file.py `StoreFile.deliver`), and
 test_sqlite_writer_process.py checks what can be seen of it from outside.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-import engine.store.walsync as walsync
+import engine.store.sqlite.walsync as walsync
 from engine import StoreUnavailable, flow, oke, on, signal
 from workers.db import fetch, scalar
 

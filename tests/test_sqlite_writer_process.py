@@ -1,4 +1,4 @@
-"""The SQLite store's writer process (engine/store/sqlite_process.py, sqlite_child.py), from outside.
+"""The SQLite store's writer process (engine/store/sqlite/process.py, child.py), from outside.
 
 What must hold: it starts with the first hot write (never for a store only read), ends with the
 store and with its parent (SIGKILL included); when it is killed, the calls it owed fail as an
@@ -37,7 +37,7 @@ def writer_pids() -> list[int]:
 
 def is_writer(pid: int) -> bool:
     try:
-        return b"sqlite_child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"engine.store.sqlite.child" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False  # ended meanwhile
 

@@ -206,7 +206,7 @@ async def fill(store: Any, url: str, n: int, seed: int = 7, log: Any = print) ->
     if store.dialect == "postgresql":
         import asyncpg
 
-        from engine.store.postgres import asyncpg_dsn
+        from engine.store.postgres.store import asyncpg_dsn
         conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
             for msgs, fails, runs in generate(n, seed, now):

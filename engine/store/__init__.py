@@ -9,9 +9,9 @@ from sqlalchemy.exc import ArgumentError
 
 from ..errors import StoreUnavailable
 from .base import Claimed, NewMessage, Outcome, Store, queue_name
-from .sqlite_file import BUSY_TIMEOUT_MS
+from .sqlite.file import BUSY_TIMEOUT_MS
 
-# Where a SQLite store writes its hot path (engine/store/sqlite_process.py): the default first.
+# Where a SQLite store writes its hot path (engine/store/sqlite/process.py): the default first.
 SQLITE_WRITERS = ("process", "thread")
 
 DEFAULT_URL = "sqlite+aiosqlite:///.oke/oke.db"
@@ -64,14 +64,14 @@ def make_store(
         ) from err
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        from .sqlite import SqliteStore
+        from .sqlite.store import SqliteStore
 
         try:
             return SqliteStore(url, BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms, sqlite_writer)
         except ValueError as err:
             raise StoreUnavailable(str(err)) from err
     if backend == "postgresql":
-        from .postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         if parsed.drivername not in ("postgresql", "postgresql+asyncpg"):
             raise StoreUnavailable(

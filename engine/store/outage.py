@@ -2,7 +2,7 @@
 
 Workers back off and retry on an outage; emit turns one into a clear StoreUnavailable;
 the console shows the store as unreachable and keeps trying. A pooler that refuses what the URL
-makes us send (pg_pooler.PoolerMisconfigured) is no outage: retrying cannot fix it, so it is raised.
+makes us send (postgres.pooler.PoolerMisconfigured) is no outage: retrying cannot fix it, so it is raised.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from ..errors import StoreUnavailable
-from .pg_pooler import PoolerMisconfigured
+from .postgres.pooler import PoolerMisconfigured
 
 _OUTAGES: tuple[type[BaseException], ...] = (
     StoreUnavailable,

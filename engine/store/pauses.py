@@ -14,7 +14,7 @@ from . import schema
 p = schema.pauses
 
 
-# Plain text, so PostgreSQL's hot connections (postgres.py) run the very statement this module does.
+# Plain text, so PostgreSQL's hot connections (postgres/store.py) run the very statement this module does.
 PAUSED_SIGNALS_SQL = "SELECT signal FROM oke_pauses"
 
 

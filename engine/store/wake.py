@@ -6,9 +6,9 @@ Behind the one interface each dialect keeps its own cross-process mechanism:
 - in this process, `wake_local(url, topic)`: an emit, a settle, a replay or a committed tape append
   wakes every waiter of that topic on the same store (two apps on one store in one process meet);
 - PostgreSQL: LISTEN/NOTIFY on a dedicated connection routes each notification to `wake_local`
-  (engine/store/postgres.py `_Listener`; the statements are in engine/store/sql/notify.py);
+  (engine/store/postgres/store.py `_Listener`; the statements are in engine/store/sql/notify.py);
 - PostgreSQL behind a transaction-mode pooler without a direct connection to LISTEN on: a
-  `Poller` wakes every waiter of the store every POOLED_POLL_S instead (engine/store/pg_pooler.py);
+  `Poller` wakes every waiter of the store every POOLED_POLL_S instead (engine/store/postgres/pooler.py);
 - SQLite: a `WalWatch` on the WAL file ends a wait when another process committed.
 
 Clear a waker *before* reading: a wake-up that lands during the read then makes the next `wait`

@@ -13,7 +13,7 @@ import pytest
 from engine import StoreUnavailable, oke
 from engine.store import make_store
 from engine.store.outage import is_outage
-from engine.store.pg_pooler import (
+from engine.store.postgres.pooler import (
     PoolerMisconfigured,
     asyncpg_dsn,
     check_listen_url,

@@ -1,7 +1,7 @@
 """The SQLite writer child imports only the standard library and the engine's stdlib-only modules.
 
 The child starts under `python -I -S` with empty stand-ins for `engine` and `engine.store`
-(engine/store/sqlite_process.py), so a third-party import would make every SQLite app fail at its
+(engine/store/sqlite/process.py), so a third-party import would make every SQLite app fail at its
 first write, and an import of the engine's heavier modules would slow its start. This loads the
 child's module the way the launcher does and lists every module it brought in."""
 
@@ -11,16 +11,16 @@ import json
 import subprocess
 import sys
 
-from engine.store.sqlite_process import ENGINE_DIR
+from engine.store.sqlite.process import ENGINE_DIR
 
 PROBE = """\
 import json, sys, types
 before = set(sys.modules)
-for name, where in (("engine", sys.argv[1]), ("engine.store", sys.argv[1] + "/store")):
+for name, where in (("engine", ""), ("engine.store", "/store"), ("engine.store.sqlite", "/store/sqlite")):
     package = types.ModuleType(name)
-    package.__path__ = [where]
+    package.__path__ = [sys.argv[1] + where]
     sys.modules[name] = package
-import engine.store.sqlite_child
+import engine.store.sqlite.child
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 # the engine's modules the child may use: each imports only the standard library and these
@@ -30,13 +30,14 @@ ENGINE_STDLIB_ONLY = {
     "engine.ids",
     "engine.store",
     "engine.store.sql",
+    "engine.store.sqlite",
     "engine.store.sql.enqueue",
     "engine.store.sql.settle",
-    "engine.store.sqlite_child",
-    "engine.store.sqlite_file",
-    "engine.store.sqlite_tx",
-    "engine.store.sqlite_wire",
-    "engine.store.walsync",
+    "engine.store.sqlite.child",
+    "engine.store.sqlite.file",
+    "engine.store.sqlite.tx",
+    "engine.store.sqlite.wire",
+    "engine.store.sqlite.walsync",
 }
 
 
@@ -53,5 +54,7 @@ def test_the_writer_child_imports_only_the_standard_library_and_stdlib_only_engi
     engine = {m for m in modules if m == "engine" or m.startswith("engine.")}
     others = {m.split(".")[0] for m in modules} - {"engine"}
     assert engine <= ENGINE_STDLIB_ONLY, f"the child imports {sorted(engine - ENGINE_STDLIB_ONLY)}"
-    assert others <= set(sys.stdlib_module_names), f"not the standard library: {sorted(others - set(sys.stdlib_module_names))}"
-    assert "engine.store.sqlite_child" in engine  # the probe loaded what the launcher loads
+    assert others <= set(sys.stdlib_module_names), (
+        f"not the standard library: {sorted(others - set(sys.stdlib_module_names))}"
+    )
+    assert "engine.store.sqlite.child" in engine  # the probe loaded what the launcher loads

@@ -1,8 +1,8 @@
 """The SQLite store: WAL, whole transactions per hop, the hot ones in a writer process.
 
-Each claim, settle or enqueue is one `BEGIN IMMEDIATE … COMMIT` (sqlite_tx.py), run by a writer
-process the store starts (sqlite_process.py; `sqlite_writer="thread"`: on its writer thread).
-The store also owns two threads (sqlite_thread.py): a writer for every other write (the operator's
+Each claim, settle or enqueue is one `BEGIN IMMEDIATE … COMMIT` (tx.py), run by a writer
+process the store starts (process.py; `sqlite_writer="thread"`: on its writer thread).
+The store also owns two threads (thread.py): a writer for every other write (the operator's
 and the engine's closures over a SQLAlchemy connection; it pauses the writer process meanwhile)
 and a reader for the console's queries. Several processes may open one file; they meet through
 SQLite's locks (busy timeout 30 s; `oke(..., busy_timeout_ms=...)`) and wake each other by
@@ -27,19 +27,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..errors import StoreUnavailable
-from ..ids import now_ms
-from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
-from .caller import wake_after_commit
-from .history import HistoryTally
-from .outage import READ_ONLY, disk_condition, read_only_dir
-from .sql.claim import claim_order, sqlite_claim_statement
-from .sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
-from .sqlite_file import BUSY_TIMEOUT_MS
-from .sqlite_process import WriterProcess
-from .sqlite_thread import DbThread, tolerant_text
-from .sqlite_tx import Row, hands_over_early, run_op, timed_params
-from .wake import Waker, WalWatch, tape_topic, wake_local
+from ...errors import StoreUnavailable
+from ...ids import now_ms
+from ..base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from ..caller import wake_after_commit
+from ..history import HistoryTally
+from ..outage import READ_ONLY, disk_condition, read_only_dir
+from ..sql.claim import claim_order, sqlite_claim_statement
+from ..sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
+from ..wake import Waker, WalWatch, tape_topic, wake_local
+from .file import BUSY_TIMEOUT_MS
+from .process import WriterProcess
+from .thread import DbThread, tolerant_text
+from .tx import Row, hands_over_early, run_op, timed_params
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.sqlite")
@@ -61,7 +61,7 @@ def _raw(conn: Connection) -> sqlite3.Connection:
 
 
 def _settle_row(o: Outcome) -> Row:
-    """The outcome as the writer gets it: `SettleRow`'s fields, a plain tuple (sqlite_wire.py)."""
+    """The outcome as the writer gets it: `SettleRow`'s fields, a plain tuple (wire.py)."""
     c = o.claimed
     return (
         c.seq,
@@ -144,7 +144,7 @@ class SqliteStore(Store):
             return await self._writer.call(run)
 
     async def _hot(self, op: str, *args: Any) -> Any:
-        """Transaction `op` of sqlite_tx.OPS on the hot writer: the process, or the writer thread."""
+        """Transaction `op` of tx.OPS on the hot writer: the process, or the writer thread."""
         if self._process is not None:
             return await self._process.call(op, *args)
         return await self._writer.call(
@@ -244,5 +244,5 @@ def _insert_params(r: NewMessage) -> tuple[Any, ...]:
 
 
 def _timed_row(r: NewMessage) -> Row:
-    """A row with time or order options as sqlite_tx.timed_params takes it."""
+    """A row with time or order options as tx.timed_params takes it."""
     return (*_insert_params(r), r.delay_ms, r.run_at, r.priority, r.dedupe)

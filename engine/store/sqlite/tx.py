@@ -1,7 +1,7 @@
 """The SQLite store's hot transactions on a plain sqlite3 connection: enqueue, claim, settle.
 
 Each runs whole in one `BEGIN IMMEDIATE … COMMIT` on the writer, in this process (a thread) or in
-the writer process (sqlite_child.py). What crosses between them is plain tuples (an outcome is a
+the writer process (child.py). What crosses between them is plain tuples (an outcome is a
 `SettleRow`; a claim returns its rows, made `Claimed` by the store), so this module, like the
 child, runs on the standard library alone.
 """
@@ -13,9 +13,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ..ids import now_ms
-from .sql.enqueue import SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
-from .sql.settle import (
+from ...ids import now_ms
+from ..sql.enqueue import SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
+from ..sql.settle import (
     ACK_BATCH_FROM,
     ACK_ROWS_PER_STATEMENT,
     RUN_ROWS_PER_STATEMENT,

@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..errors import StoreUnavailable
+from ...errors import StoreUnavailable
 
 KNOB = "prepared_statement_cache_size"  # SQLAlchemy's asyncpg dialect reads it from the URL
 FIX = (

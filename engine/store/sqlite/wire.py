@@ -1,4 +1,4 @@
-"""What the SQLite store and its writer process (sqlite_child.py) send each other over their socket.
+"""What the SQLite store and its writer process (child.py) send each other over their socket.
 
 Each message is a 4-byte length and a `marshal`led tuple of plain values: both ends are the same
 interpreter (the child is `sys.executable`), and marshal is the fastest codec for tuples of
@@ -15,7 +15,7 @@ import sqlite3
 import struct
 from typing import Any
 
-from ..errors import StoreUnavailable
+from ...errors import StoreUnavailable
 
 _LENGTH = struct.Struct("!I")
 LOG = 0  # the id of a child's log line: (0, level, text)

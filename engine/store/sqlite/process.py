@@ -1,4 +1,4 @@
-"""The SQLite store's side of its writer process (sqlite_child.py): start it, call it, pause it.
+"""The SQLite store's side of its writer process (child.py): start it, call it, pause it.
 
 The child is started at the store's first hot write (an emit, a claim, a settle), so a store
 opened only to read (the console) never starts one. It runs on the loop that started it; a call
@@ -27,21 +27,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreUnavailable
-from .sqlite_wire import LOG, Frames, error_from_wire, frame
+from ...errors import StoreUnavailable
+from .wire import LOG, Frames, error_from_wire, frame
 
 log = logging.getLogger("engine.store.sqlite")
-ENGINE_DIR = Path(__file__).resolve().parent.parent
-# The child imports engine.store.sqlite_child under empty stand-ins for `engine` and `engine.store`:
-# their __init__ would import SQLAlchemy, Starlette and the rest of the engine (0.5 s at start).
+ENGINE_DIR = Path(__file__).resolve().parent.parent.parent
+# The child imports engine.store.sqlite.child under empty stand-ins for `engine`, `engine.store` and
+# `engine.store.sqlite`: their __init__ would import SQLAlchemy, Starlette and the rest of the engine.
 _LAUNCH = """\
 import sys, types
 engine_dir, path, busy_timeout_ms, fd = sys.argv[1:5]
-for name, where in (("engine", engine_dir), ("engine.store", engine_dir + "/store")):
+for name, where in (("engine", ""), ("engine.store", "/store"), ("engine.store.sqlite", "/store/sqlite")):
     package = types.ModuleType(name)
-    package.__path__ = [where]
+    package.__path__ = [engine_dir + where]
     sys.modules[name] = package
-from engine.store.sqlite_child import main
+from engine.store.sqlite.child import main
 main(path, int(busy_timeout_ms), int(fd))
 """
 CLOSE_WAIT_S = 30.0  # a close waits this long for the child's last transaction and sync
@@ -176,7 +176,7 @@ class WriterProcess:
         return link
 
     async def call(self, op: str, *args: Any) -> Any:
-        """Run transaction `op` (sqlite_tx.OPS) in the child; its result once its commit is synced
+        """Run transaction `op` (tx.OPS) in the child; its result once its commit is synced
         (a claim that took messages: once its commit is written)."""
         link = self._started()
         rid, future = link.send(op, args)

@@ -3,7 +3,7 @@
 In one process a SQLite drain is a serial cycle, the writer's transaction and then the loop's
 turn, because a writer thread and the event loop share the GIL. In a process of its own the writer
 runs the next claim while the loop runs the last one's handlers (docs/design/sqlite-writer-process.md). The store
-(sqlite_process.py) starts it with stub parent packages, so it imports only the standard library
+(process.py) starts it with stub parent packages, so it imports only the standard library
 and the engine's stdlib-only modules: no SQLAlchemy, so it starts in a fraction of the time.
 
 It ends when its socket closes: when the store sends `close` (everything sent before is run and
@@ -22,10 +22,10 @@ import threading
 from collections import deque
 from typing import Any
 
-from .sqlite_file import LostSync, StoreFile, open_raw
-from .sqlite_tx import hands_over_early, run_op
-from .sqlite_wire import LOG, Frames, error_to_wire, frame
+from .file import LostSync, StoreFile, open_raw
+from .tx import hands_over_early, run_op
 from .walsync import WalSyncer
+from .wire import LOG, Frames, error_to_wire, frame
 
 READ_BYTES = 1 << 20
 

@@ -14,7 +14,7 @@ it sets no session state.
 
 A call that a pooler refused (a prepared statement another server connection holds or lacks: a
 transaction-mode PgBouncer the URL does not declare) ends in the error that names the fix
-(pg_pooler.py), not the driver's.
+(pooler.py), not the driver's.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from types import TracebackType
 
 import asyncpg
 
-from .outage import is_outage
-from .pg_pooler import misconfigured, pooler_refusal
+from ..outage import is_outage
+from .pooler import misconfigured, pooler_refusal
 
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 

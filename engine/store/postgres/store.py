@@ -1,12 +1,12 @@
 """The PostgreSQL store: SKIP LOCKED claims, LISTEN/NOTIFY wake-ups, asyncpg on the hot path.
 
 Operator reads and writes go through SQLAlchemy (`read` / `write`); enqueue,
-claim and settle use prepared asyncpg statements on a few hot connections (pg_hot.py),
+claim and settle use prepared asyncpg statements on a few hot connections (hot.py),
 because on two cores the driver's round trips are the budget. Wake-ups ride a dedicated
 LISTEN connection, never a hot one; after it reconnects every waiter is
 woken to re-read the table, since notifications sent meanwhile are gone.
 
-Behind a pooler in transaction mode (the URL's `?prepared_statement_cache_size=0`, pg_pooler.py) no
+Behind a pooler in transaction mode (the URL's `?prepared_statement_cache_size=0`, pooler.py) no
 statement is named, settings are made per transaction, and LISTEN takes `listen_url`'s direct
 connection; without one the waiters are woken by a `Poller` and nothing is handed off.
 """
@@ -25,25 +25,15 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from ..errors import StoreUnavailable
-from ..ids import new_id, now_ms
-from . import counts
-from .base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
-from .caller import wake_after_commit
-from .history import HistoryTally
-from .pauses import PAUSED_SIGNALS_SQL
-from .pg_hot import HotConnections
-from .pg_pooler import (
-    KNOB,
-    PoolerMisconfigured,
-    asyncpg_dsn,
-    misconfigured,
-    pooler_refusal,
-    shared_session,
-    transaction_pooled,
-)
-from .sql.claim import claim_order, postgres_claim_statement
-from .sql.enqueue import (
+from ...errors import StoreUnavailable
+from ...ids import new_id, now_ms
+from .. import counts
+from ..base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from ..caller import wake_after_commit
+from ..history import HistoryTally
+from ..pauses import PAUSED_SIGNALS_SQL
+from ..sql.claim import claim_order, postgres_claim_statement
+from ..sql.enqueue import (
     COPY_COLUMNS,
     COPY_FROM_ROWS,
     ENQUEUE_CHUNK,
@@ -52,7 +42,7 @@ from .sql.enqueue import (
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
 )
-from .sql.handoff import (
+from ..sql.handoff import (
     EMIT_ONE,
     HANDED,
     HOLD_LISTENER_LOCK,
@@ -62,9 +52,19 @@ from .sql.handoff import (
     WITHDRAW,
     take_notice,
 )
-from .sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
-from .sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
-from .wake import POOLED_POLL_S, PauseNotices, Poller, Waker, tape_topic, wake_local, wake_tapes
+from ..sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
+from ..sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
+from ..wake import POOLED_POLL_S, PauseNotices, Poller, Waker, tape_topic, wake_local, wake_tapes
+from .hot import HotConnections
+from .pooler import (
+    KNOB,
+    PoolerMisconfigured,
+    asyncpg_dsn,
+    misconfigured,
+    pooler_refusal,
+    shared_session,
+    transaction_pooled,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("engine.store.postgres")

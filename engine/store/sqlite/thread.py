@@ -4,7 +4,7 @@ aiosqlite hands every call to its thread (about 90% of stdlib sqlite3's speed lo
 loop), so the SQLite store owns two of these instead: a writer that runs each write as one
 `BEGIN IMMEDIATE … COMMIT` (the hot ones too, with `sqlite_writer="thread"`), and a reader for the
 console's queries. The writer's commits are made durable by its WalSyncer (walsync.py) through its
-StoreFile (sqlite_file.py): synced on the writer's own thread when nothing else is waiting for
+StoreFile (file.py): synced on the writer's own thread when nothing else is waiting for
 it, else by the syncer beside it, many commits a sync.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.pool import StaticPool
 
-from ..errors import StoreUnavailable
-from .sqlite_file import BUSY_TIMEOUT_MS, LostSync, StoreFile, prepare
+from ...errors import StoreUnavailable
+from .file import BUSY_TIMEOUT_MS, LostSync, StoreFile, prepare
 from .walsync import WalSyncer
 
 T = TypeVar("T")

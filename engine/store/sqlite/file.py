@@ -6,7 +6,7 @@ the store's own WAL sync (walsync.py), so SQLite runs at synchronous=NORMAL. A `
 one connection: it checks the file is still the one it opened, reopens after a failed sync, and
 tells a commit's caller once the commit is on disk (or, for a claim, once it is written).
 
-Standard library only: the writer process (sqlite_child.py) runs it without SQLAlchemy.
+Standard library only: the writer process (child.py) runs it without SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ..errors import StoreUnavailable
+from ...errors import StoreUnavailable
 from .walsync import WalSyncer
 
 C = TypeVar("C")
