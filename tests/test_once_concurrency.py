@@ -15,11 +15,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-import burstkit
-from engine import flow, oke, on, signal
+from engine import flow, oke, signal
 from engine.flows import Binding
-from engine.ids import now_ms
-from engine.store import Outcome
 from prockit import until
 from workers.db import fetch, scalar
 
@@ -158,122 +155,6 @@ async def test_a_worker_whose_clock_runs_ahead_does_not_steal_a_live_lease(pg_ur
 
 
 # --------------------------------------------------------------------------- (c) stale holders
-
-async def test_store_fences_settles_by_holder_and_attempt(db_url):
-    """Reclaim happens on the next claim after expiry; the old holder's settle then changes nothing."""
-    jobs = signal.once("jobs", retries=0)
-    on(jobs, flow("w", do=lambda p, fx: None))
-    async with oke("t", database_url=db_url) as app:
-        store = app.store
-        msg_id = await app.emit(jobs, {"a": 1})
-        [first] = await store.claim(["jobs"], "w1", 300, 10)
-        assert await store.claim(["jobs"], "w2", 30_000, 10) == []  # the lease is live
-        await asyncio.sleep(0.4)
-        [second] = await store.claim(["jobs"], "w2", 30_000, 10)  # the next claim reclaims
-        assert (second.id, second.attempts) == (msg_id, 2)
-
-        late = Outcome(first, "run_late", "w", True, now_ms(), now_ms())
-        assert await store.settle("w1", [late]) == [False]
-        row = await fetch(db_url, "SELECT status, locked_by, attempts FROM oke_messages WHERE id = $1", msg_id)
-        assert row == [("inflight", "w2", 2)]
-        assert await store.claim(["jobs"], "w3", 30_000, 10) == []
-        fail = Outcome(second, "run_b", "w", False, now_ms(), now_ms(), "Boom", "boom")
-        assert await store.settle("w2", [fail]) == [True]
-    row = await fetch(db_url, "SELECT status, locked_by, attempts FROM oke_messages WHERE id = $1", msg_id)
-    assert row == [("dead", None, 2)]
-    runs = await fetch(db_url, "SELECT run_id, status, attempt FROM oke_runs ORDER BY attempt")
-    assert runs == [("run_late", "lease_lost", 1), ("run_b", "failed", 2)]
-    assert await fetch(db_url, "SELECT attempt, code FROM oke_failures") == [(2, "Boom")]
-
-
-async def test_a_large_settle_fences_each_outcome(db_url):
-    """Twelve successes settled at once (SQLite acks them in one statement from eight on): the three
-    whose lease another worker reclaimed are refused and their runs say lease_lost; the rest land."""
-    jobs = signal.once("jobs")
-    on(jobs, flow("w", do=lambda p, fx: None))
-    async with oke("t", database_url=db_url) as app:
-        store = app.store
-        ids = [await app.emit(jobs, {"n": n}) for n in range(12)]
-        short = await store.claim(["jobs"], "w1", 300, 3)
-        rest = await store.claim(["jobs"], "w1", 30_000, 9)
-        await asyncio.sleep(0.4)
-        taken = await store.claim(["jobs"], "w2", 30_000, 12)
-        assert sorted(c.id for c in taken) == sorted(c.id for c in short)
-        outcomes = [Outcome(c, f"run_{c.id}", "w", True, now_ms(), now_ms()) for c in short + rest]
-        assert await store.settle("w1", outcomes) == [False] * 3 + [True] * 9
-    rows = dict((r[0], r[1:]) for r in await fetch(
-        db_url, "SELECT id, status, locked_by FROM oke_messages"))
-    assert [rows[c.id] for c in short] == [("inflight", "w2")] * 3
-    assert [rows[c.id] for c in rest] == [("delivered", None)] * 9
-    runs = dict(await fetch(db_url, "SELECT message_id, status FROM oke_runs"))
-    assert [runs[i] for i in ids] == ["lease_lost"] * 3 + ["succeeded"] * 9
-
-
-async def test_a_settle_longer_than_one_statement_fences_each_outcome_in_every_part(db_url):
-    """150 successes settled at once (PostgreSQL acks 64 a statement): the last 20, in the third
-    statement, lost their lease to another worker and are refused; the 130 before them land."""
-    jobs = signal.once("jobs")
-    on(jobs, flow("w", do=lambda p, fx: None))
-    async with oke("t", database_url=db_url) as app:
-        store = app.store
-        await burstkit.emit_many(app, jobs, [{"n": n} for n in range(150)])
-        kept = []
-        while len(kept) < 130:
-            kept += await store.claim(["jobs"], "w1", 30_000, 130 - len(kept))
-        lost = await store.claim(["jobs"], "w1", 300, 20)
-        await asyncio.sleep(0.4)
-        assert sorted(c.id for c in await store.claim(["jobs"], "w2", 30_000, 150)) == sorted(c.id for c in lost)
-        outcomes = [Outcome(c, f"run_{c.id}", "w", True, now_ms(), now_ms()) for c in kept + lost]
-        assert await store.settle("w1", outcomes) == [True] * 130 + [False] * 20
-    rows = dict((r[0], r[1:]) for r in await fetch(db_url, "SELECT id, status, locked_by FROM oke_messages"))
-    assert [rows[c.id] for c in kept] == [("delivered", None)] * 130
-    assert [rows[c.id] for c in lost] == [("inflight", "w2")] * 20
-    runs = dict(await fetch(db_url, "SELECT message_id, status FROM oke_runs"))
-    assert [runs[c.id] for c in kept + lost] == ["succeeded"] * 130 + ["lease_lost"] * 20
-
-
-async def test_same_worker_reclaiming_its_own_message_is_fenced_by_attempt(db_url):
-    jobs = signal.once("jobs")
-    on(jobs, flow("w", do=lambda p, fx: None))
-    async with oke("t", database_url=db_url) as app:
-        store = app.store
-        msg_id = await app.emit(jobs)
-        [first] = await store.claim(["jobs"], "same", 30, 10)
-        await asyncio.sleep(0.1)
-        [second] = await store.claim(["jobs"], "same", 30_000, 10)
-        assert second.attempts == 2
-        assert await store.settle("same", [Outcome(first, "r1", "w", False, now_ms(), now_ms(), "X", "x")]) \
-            == [False]
-        assert await fetch(db_url, "SELECT status, attempts FROM oke_messages WHERE id = $1", msg_id) == \
-            [("inflight", 2)]
-        assert await store.settle("same", [Outcome(second, "r2", "w", True, now_ms(), now_ms())]) == [True]
-    assert await fetch(db_url, "SELECT status FROM oke_messages WHERE id = $1", msg_id) == [("delivered",)]
-    assert await fetch(db_url, "SELECT count(*) FROM oke_failures") == [(0,)]
-
-
-async def test_a_batch_with_a_late_and_a_current_success_of_one_message_acks_only_the_current(db_url):
-    """Five successes settled at once, two of them attempts 1 and 2 of one message this worker
-    reclaimed from itself: attempt 1's is refused (lease_lost), everything else lands."""
-    jobs = signal.once("jobs")
-    on(jobs, flow("w", do=lambda p, fx: None))
-    async with oke("t", database_url=db_url) as app:
-        store = app.store
-        msg_id = await app.emit(jobs, {"n": "twice"})
-        [first] = await store.claim(["jobs"], "same", 30, 1)
-        await asyncio.sleep(0.1)
-        [second] = await store.claim(["jobs"], "same", 30_000, 1)
-        others = [await app.emit(jobs, {"n": n}) for n in range(3)]
-        rest = await store.claim(["jobs"], "same", 30_000, 3)
-        outcomes = [Outcome(c, f"run_{c.id}_{c.attempts}", "w", True, now_ms(), now_ms())
-                    for c in [first, second, *rest]]
-        assert await store.settle("same", outcomes) == [False, True, True, True, True]
-    rows = dict((r[0], r[1:]) for r in await fetch(db_url, "SELECT id, status, attempts FROM oke_messages"))
-    assert rows[msg_id] == ("delivered", 2)
-    assert [rows[i] for i in others] == [("delivered", 1)] * 3
-    runs = await fetch(db_url, "SELECT attempt, status FROM oke_runs WHERE message_id = $1 ORDER BY attempt",
-                       msg_id)
-    assert runs == [(1, "lease_lost"), (2, "succeeded")]
-
 
 @pytest.mark.parametrize("a_late", ["succeeds", "fails"])
 @pytest.mark.parametrize("b_does", ["succeeds", "fails"])
