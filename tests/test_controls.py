@@ -84,22 +84,6 @@ async def test_a_pause_survives_a_restart(db_url):
         assert handler.seen == [1]
 
 
-async def test_pause_holds_back_every_broadcast_copy_queue(db_url):
-    fan = signal.broadcast("c.fan")
-    a, b = Recorder(), Recorder()
-    on(fan)(flow("w.a", do=a))
-    on(fan)(flow("w.b", do=b))
-    async with oke("t", database_url=db_url) as app:
-        await ops.pause(app.store, "c.fan", actor="ana")
-        await app.emit(fan, {"n": 7})
-        await asyncio.wait_for(app.drain(), 10)
-        assert (a.seen, b.seen) == ([], [])
-        assert by_signal(await ops.stats(app.store))["c.fan"].pending == 2
-        await ops.resume(app.store, "c.fan", actor="ana")
-        await asyncio.wait_for(app.drain(), 10)
-        assert (a.seen, b.seen) == ([7], [7])
-
-
 async def test_a_running_handler_finishes_when_its_signal_is_paused(db_url):
     async with one_message_held(db_url, "c.held") as (app, msg):
         await ops.pause(app.store, "c.held", actor="ana")

@@ -1,5 +1,6 @@
 """Time and order options (SPEC §12): delay / at, priority, dedupe and back-off, on SQLite and
 PostgreSQL. Real apps on real databases; every assertion reads the stored rows or what handlers saw.
+What the claim alone promises (priority order, not before run_at, dedupe) is in tests/conformance/.
 """
 
 from __future__ import annotations
@@ -145,95 +146,7 @@ async def test_an_idle_worker_wakes_when_the_earliest_delayed_message_is_due(db_
     assert run_at <= started[msg_id] < run_at + 600, started[msg_id] - run_at
 
 
-# --------------------------------------------------------------------------- priority
-
-
-async def test_higher_priority_is_claimed_first_and_emit_order_wins_within_a_key(db_url):
-    jobs = signal.once("jobs")
-    order: list[str] = []
-
-    @on(jobs)
-    @flow("w")
-    async def handler(payload, fx):
-        order.append(payload)
-
-    async with oke("t", database_url=db_url) as app:
-        await app.emit(jobs, "low", priority=-1)
-        await app.emit(jobs, "plain")
-        await app.emit(jobs, "high", priority=10)
-        await app.emit(jobs, "mid", priority=5)
-        await app.emit(jobs, "k first", key="k", priority=0)
-        await app.emit(jobs, "k second", key="k", priority=100)
-        await app.drain(concurrency=1)
-    assert order.index("high") < order.index("mid") < order.index("plain") < order.index("low")
-    assert order.index("k first") < order.index("k second")
-    rows = await fetch(db_url, "SELECT payload, priority FROM oke_messages ORDER BY seq")
-    assert [p for _, p in rows] == [-1, 0, 10, 5, 0, 100]
-
-
-async def test_a_due_message_of_low_priority_runs_before_a_high_one_not_yet_due(db_url):
-    jobs = signal.once("jobs")
-    order: list[str] = []
-
-    @on(jobs)
-    @flow("w")
-    async def handler(payload, fx):
-        order.append(payload)
-
-    async with oke("t", database_url=db_url) as app:
-        await app.emit(jobs, "later", priority=10, delay="1h")
-        await app.emit(jobs, "now", priority=-5)
-        await app.drain()
-    assert order == ["now"]
-
-
-# --------------------------------------------------------------------------- dedupe
-
-
-async def test_dedupe_returns_the_holder_while_pending_and_frees_the_key_once_delivered(db_url):
-    jobs = signal.once("jobs")
-    handled: list[str] = []
-
-    @on(jobs)
-    @flow("w")
-    async def handler(payload, fx):
-        handled.append(fx.message_id)
-
-    async with oke("t", database_url=db_url) as app:
-        first = await app.emit(jobs, {"n": 1}, dedupe="report:1")
-        again = await app.emit(jobs, {"n": 2}, dedupe="report:1", delay="1h")
-        other = await app.emit(jobs, {"n": 3}, dedupe="report:2")
-        assert again == first and other != first
-        assert await scalar(db_url, "SELECT count(*) FROM oke_messages") == 2
-        await app.drain()
-        after = await app.emit(jobs, {"n": 4}, dedupe="report:1")
-        await app.drain()
-    assert after not in (first, other)
-    assert sorted(handled) == sorted([first, other, after])
-    rows = await fetch(db_url, "SELECT id, payload, dedupe, status FROM oke_messages ORDER BY seq")
-    assert [(r[0], r[2], r[3]) for r in rows] == [
-        (first, "report:1", "delivered"),
-        (other, "report:2", "delivered"),
-        (after, "report:1", "delivered"),
-    ]
-    assert '"n": 2' not in str(rows) and '"n":2' not in str(rows)  # the duplicate stored nothing
-
-
-async def test_dedupe_key_is_free_again_after_the_holder_is_dead(db_url):
-    jobs = signal.once("jobs", retries=0)
-
-    @on(jobs)
-    @flow("w")
-    async def handler(payload, fx):
-        raise RuntimeError("no")
-
-    async with oke("t", database_url=db_url) as app:
-        first = await app.emit(jobs, dedupe="d")
-        await app.drain()
-        second = await app.emit(jobs, dedupe="d")
-    assert second != first
-    assert (await _message(db_url, first))["status"] == "dead"
-    assert (await _message(db_url, second))["status"] == "pending"
+# --------------------------------------------------------------------------- dedupe across processes
 
 
 async def test_concurrent_dedupe_emits_from_four_processes_store_exactly_one(db_url, tmp_path):
@@ -261,29 +174,6 @@ async def test_concurrent_dedupe_emits_from_four_processes_store_exactly_one(db_
     rows = await fetch(db_url, "SELECT id FROM oke_messages WHERE dedupe = 'report:1'")
     assert len(rows) == 1
     assert ids == {rows[0][0]}
-
-
-async def test_each_broadcast_copy_is_deduplicated_in_its_own_flow(db_url):
-    news = signal.broadcast("news")
-    seen: list[tuple[str, str]] = []
-
-    @on(news)
-    @flow("a")
-    async def a(payload, fx):
-        seen.append(("a", fx.message_id))
-
-    @on(news)
-    @flow("b")
-    async def b(payload, fx):
-        seen.append(("b", fx.message_id))
-
-    async with oke("t", database_url=db_url) as app:
-        first = await app.emit(news, dedupe="x")
-        again = await app.emit(news, dedupe="x")
-        assert again == first
-        assert await scalar(db_url, "SELECT count(*) FROM oke_messages") == 2
-        await app.drain()
-    assert sorted(flow for flow, _ in seen) == ["a", "b"]
 
 
 # --------------------------------------------------------------------------- back-off

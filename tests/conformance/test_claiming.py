@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from workers.db import fetch
+
 from engine import flow, on, signal
 from engine.ids import now_ms
 from engine.store import Claimed, Outcome, Store
@@ -162,6 +164,8 @@ async def test_higher_priority_is_claimed_first_then_emit_order(shape):
             order.append(ids[claimed[0].id])
             assert await app.store.settle("w1", [done(claimed[0])]) == [True]
     assert order == ["high", "mid", "plain", "plain 2", "k first", "k second", "low"]
+    stored = await fetch(shape.url, "SELECT priority FROM oke_messages ORDER BY seq")
+    assert [p for (p,) in stored] == [-1, 0, 10, 5, 0, 99, 0, 100]
 
 
 async def test_one_claim_returns_the_best_rows_by_priority_then_seq(shape):
