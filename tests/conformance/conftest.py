@@ -10,6 +10,7 @@ Fixtures
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,9 +41,10 @@ class Shape:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("shape") == "postgres":
+        if callspec is not None and callspec.params.get("shape") == "postgres" and here in item.path.parents:
             item.add_marker(pytest.mark.postgres)
 
 
