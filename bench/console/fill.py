@@ -277,7 +277,7 @@ async def build_search_index(store: Any, url: str) -> float:
     if postgres:  # minutes at 10M rows: on a connection of its own, past the store's statement timeout
         import asyncpg
 
-        from engine.store.postgres import asyncpg_dsn
+        from engine.store.postgres.pooler import asyncpg_dsn
         conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
             await conn.execute("SET maintenance_work_mem = '512MB'")
