@@ -22,6 +22,7 @@ from . import listing
 m = schema.messages
 f = schema.failures
 CANDIDATES_MAX = 20_000
+CHECK_BATCH = 200  # candidates checked against the exact filter per statement, newest first
 _fts = table(search_index.SQLITE_TABLE, column("rowid"), column("signal"))
 _trgm = table(search_index.PG_TABLE, column("seq"), column("signal"), column("doc"))
 
@@ -84,21 +85,30 @@ class IndexedSearch:
     # -- a page ---------------------------------------------------------------------------------
     def seq_page(
         self, limit: int, descending: bool, cursor: listing.Position | None
-    ) -> tuple[list[Any], listing.Position | None]:
-        """A page in seq order: each source read in that order up to the page, then merged."""
+    ) -> tuple[list[Any], listing.Position | None] | None:
+        """A page in seq order: the index's hits (all of them, read through the text index, never
+        by walking its seq order: a planner that expects few hits would walk past millions to find
+        them), checked row by row from the newest (or oldest) until the page is full, merged with
+        the rows past the marks. None when there are more hits than CANDIDATES_MAX: a needle that
+        common fills its pages quickly from the windowed walk."""
         after: list[ColumnElement[bool]] = []
         if cursor is not None:
             after.append(m.c.seq < cursor.seq if descending else m.c.seq > cursor.seq)
         key = self._index_key()
-        order = key.desc() if descending else key.asc()
-        from_index = (
-            select(*listing.COLS)
-            .select_from(self._index_table().join(m, m.c.seq == key))
-            .where(*self._index_match(), *self.filters, *after)
-            .order_by(order)
-            .limit(limit + 1)
-        )
-        rows = list(self.conn.execute(from_index).all())
+        hits_query = select(key).where(*self._index_match())
+        if cursor is not None:
+            hits_query = hits_query.where(key < cursor.seq if descending else key > cursor.seq)
+        hits = [r[0] for r in self.conn.execute(hits_query.limit(CANDIDATES_MAX + 1))]
+        if len(hits) > CANDIDATES_MAX:
+            return None
+        hits.sort(reverse=descending)
+        rows: list[Any] = []
+        for start in range(0, len(hits), CHECK_BATCH):
+            batch = hits[start : start + CHECK_BATCH]
+            within = m.c.seq.in_(bindparam("batch", batch, expanding=True, literal_execute=True))
+            rows += self.conn.execute(select(*listing.COLS).where(within, *self.filters)).all()
+            if len(rows) > limit:
+                break
         for past in self._past_marks():
             direct = select(*listing.COLS).where(past, *self.filters, *after)
             rows += self.conn.execute(direct.order_by(m.c.seq.desc() if descending else m.c.seq).limit(limit + 1)).all()

@@ -245,7 +245,10 @@ def message_page(
     # A filter the order's index does not serve keeps an unknown share of what a page walks: bound
     # the walk (a key's messages are few, and the key index finds them directly).
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
-    found = _from_index(conn, signal, search, filters, sort, descending, limit, start) if windowed and search else None
+    found = None
+    if windowed and search:  # the index's candidates are rechecked row by row (listing.search_filter)
+        exact = [*filters[:-1], listing.search_filter(search, per_row=True)]
+        found = _from_index(conn, signal, search, exact, sort, descending, limit, start)
     if found is not None:
         (rows, nxt), cut = found, False
     else:
