@@ -170,8 +170,9 @@ async def test_big_payload_and_long_traceback_are_cut_with_a_note(sqlite_url):
         app.open_detail(seeded.dead_ids[3])
         await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen) and "· Traceback" in screen_text(app))
         failures = app.screen.query_one("#failures", VerticalScroll)
-        failures.scroll_end(animate=False)  # the end is the attempt's traceback, its last 8 KiB
-        await wait_for(pilot, lambda: "… cut: the last 8,192 of" in screen_text(app) or failures.scroll_y > 0)
+        # the end is the attempt's traceback, its last 8 KiB; scrolled again until the pane is laid
+        # out (a scroll made before the long text is measured stays at the top)
+        await wait_for(pilot, lambda: at_end(failures) and "… cut: the last 8,192 of" in screen_text(app))
         _head, left_out = cut(LONG_ERROR)
         note = " ".join(more_note(left_out).split())
         for _ in range(200):  # page up to where the message was cut (the note may wrap in the pane)
@@ -182,6 +183,12 @@ async def test_big_payload_and_long_traceback_are_cut_with_a_note(sqlite_url):
             await wait_for(pilot, lambda: pane_words(app) != shown)  # each page drawn before the next
         await wait_for(pilot, lambda: note in pane_words(app))
         assert 'File "[/x.py]", line 1, in <module>' in shows(app)
+
+
+def at_end(pane: VerticalScroll) -> bool:
+    """Scroll `pane` to its end; whether it has somewhere to scroll (its long text is laid out)."""
+    pane.scroll_end(animate=False)
+    return pane.max_scroll_y > 0
 
 
 def pane_words(app) -> str:

@@ -88,7 +88,8 @@ async def test_counts_stay_exact_under_concurrent_workers_and_emitters(db_url):
 
 
 async def test_postgres_folds_deltas_and_keeps_them_counted(pg_url):
-    from engine.store import counts, postgres
+    from engine.store import counts
+    from engine.store.postgres import store as postgres
 
     jobs = signal.once("c.fold", retries=0)
 
@@ -170,7 +171,7 @@ async def test_postgres_analyzes_messages_when_its_statistics_lag_a_burst(pg_url
     """A fresh store that takes a burst is planned as if empty until ANALYZE: the claim then scans
     and sorts every ready row. The compactor notices (rows changed ≫ rows analyzed) and analyzes."""
     from burstkit import emit_many
-    from engine.store import postgres
+    from engine.store.postgres import store as postgres
 
     jobs = signal.once("c.burst", retries=0)
     async with oke("c", database_url=pg_url, bindings=[]) as app:

@@ -11,7 +11,7 @@ import pytest
 
 from burstkit import emit_many
 from engine import oke, signal
-from engine.store import postgres
+from engine.store.postgres import store as postgres
 
 
 async def _generic_plan(dsn: str, statement: str, types: str, args: str) -> str:

@@ -12,7 +12,7 @@ import asyncpg
 from burstkit import emit_many
 from engine import flow, oke, on, signal
 from engine.ids import now_ms
-from engine.store import postgres
+from engine.store.postgres import store as postgres
 from engine.store.sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS
 
 
