@@ -172,7 +172,7 @@ async def test_big_payload_and_long_traceback_are_cut_with_a_note(sqlite_url):
         failures = app.screen.query_one("#failures", VerticalScroll)
         # the end is the attempt's traceback, its last 8 KiB; scrolled again until the pane is laid
         # out (a scroll made before the long text is measured stays at the top)
-        await wait_for(pilot, lambda: at_end(failures) and "… cut: the last 8,192 of" in screen_text(app))
+        await wait_for(pilot, lambda: at_end(failures) and failures.scroll_y > 0)
         _head, left_out = cut(LONG_ERROR)
         note = " ".join(more_note(left_out).split())
         for _ in range(200):  # page up to where the message was cut (the note may wrap in the pane)
