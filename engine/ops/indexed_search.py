@@ -5,9 +5,9 @@ the mark) and the messages whose failure rows are not applied yet are read direc
 candidate is checked with the exact filter (listing.search_filter), so the page is what a scan
 of the whole signal gives, at the cost of the matches rather than of the signal.
 
-Newest first (or oldest first) the index is walked in seq order and stops at the page; in
-another order every candidate is sorted, so that path takes at most CANDIDATES_MAX of them (a
-needle found more often than that fills its pages quickly from the windowed walk).
+The index's hits are read first, at most CANDIDATES_MAX of them (a needle found more often than
+that fills its pages from the windowed walk); newest (or oldest) first they are checked in that
+order until the page is full, in another order every candidate is sorted.
 """
 
 from __future__ import annotations
