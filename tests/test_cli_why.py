@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from consolekit import run_okconsole
 from hostilekit import HOSTILE_ERROR, HOSTILE_KEY, assert_inert
-from workers.db import execute
+from test_why_keys import fail_once  # the failed attempt the store tests make, one helper
 
 from engine import flow, oke, signal
 from engine.flows import Binding
@@ -18,17 +18,6 @@ from engine.flows import Binding
 
 async def _noop(payload: Any, fx: Any) -> None:
     return None
-
-
-async def fail_once(db_url: str, message_id: str, code: str, text: str) -> None:
-    await execute(db_url, "UPDATE oke_messages SET attempts = attempts + 1 WHERE id = $1", message_id)
-    await execute(
-        db_url,
-        "INSERT INTO oke_failures (message_id, attempt, code, message, at, kind) VALUES ($1, 1, $2, $3, 1, 'failure')",
-        message_id,
-        code,
-        text,
-    )
 
 
 async def blocked_key(db_url: str, key: str = "k1", error: str = "smtp silent") -> tuple[str, str]:
