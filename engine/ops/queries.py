@@ -240,15 +240,15 @@ def message_page(
         filters.append(m.c.status == status)
     if key is not None:
         filters.append(m.c.key == key)
-    if search:
-        filters.append(listing.search_filter(search))
     # A filter the order's index does not serve keeps an unknown share of what a page walks: bound
     # the walk (a key's messages are few, and the key index finds them directly).
     windowed = key is None and (bool(search) or (status is not None and sort not in ("seq", "status")))
     found = None
     if windowed and search:  # the index's candidates are rechecked row by row (listing.search_filter)
-        exact = [*filters[:-1], listing.search_filter(search, per_row=True)]
+        exact = [*filters, listing.search_filter(search, per_row=True)]
         found = _from_index(conn, signal, search, exact, sort, descending, limit, start)
+    if search:
+        filters.append(listing.search_filter(search))
     if found is not None:
         (rows, nxt), cut = found, False
     else:
