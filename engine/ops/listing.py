@@ -54,6 +54,7 @@ SETTLED_INDEXED = ("id", "created_at", "attempts")  # indexed over rows not infl
 INFLIGHT_ONLY = ("locked_by", "lease_expires_at")  # set on inflight rows only, which are few
 # schema.SETTLED as an expression: a literal, not a bound parameter, so SQLite matches the index's WHERE
 _SETTLED: ColumnElement[bool] = m.c.status.op("<>", is_comparison=True)(literal_column("'inflight'"))
+_INFLIGHT: ColumnElement[bool] = m.c.status == "inflight"
 COLS = (
     m.c.seq,
     m.c.id,
@@ -184,7 +185,10 @@ class Walk:
         """The last row a bounded read of this segment may reach; None when the segment ends first."""
         if segment == "values":
             conds = self._segment_cond(segment) + ([self._after(segment, start)] if start else [])
-            parts = [select(self.column, m.c.seq).where(and_(*conds, *part)) for part in self._parts(segment)]
+            parts = [
+                (select(self.column, m.c.seq).where(and_(*conds, *part)), self._part_order(segment, part))
+                for part in self._parts(segment)
+            ]
             row = self.conn.execute(self._merged(segment, parts, SCAN_BUDGET, offset=SCAN_BUDGET - 1, limit=1)).first()
             return Position(segment, row[0], row[1]) if row is not None else None
         # seq order: a range of SCAN_BUDGET seqs of the store (the primary key), from the walk's start
@@ -221,9 +225,13 @@ class Walk:
         if segment == "seq" and not self.windowed and end is None:
             # No index orders a whole signal by seq: merge the first limit of each status from
             # (signal, status, seq), so a page costs O(limit), not O(messages of the signal).
-            parts = [select(*COLS).where(and_(*conds, m.c.status == st)) for st in STATUSES]
+            order = self._order(segment)
+            parts = [(select(*COLS).where(and_(*conds, m.c.status == st)), order) for st in STATUSES]
         else:
-            parts = [select(*COLS).where(and_(*conds, *part)) for part in self._parts(segment)]
+            parts = [
+                (select(*COLS).where(and_(*conds, *part)), self._part_order(segment, part))
+                for part in self._parts(segment)
+            ]
         return self._merged(segment, parts, limit, offset=0, limit=limit)
 
     def _parts(self, segment: str) -> list[list[ColumnElement[bool]]]:
@@ -232,18 +240,31 @@ class Walk:
         in them; on SQLite only attempts' does), so those rows are read apart, from (signal, status,
         seq), and merged in; a lease and its holder exist only on inflight rows, read the same way."""
         if segment == "values" and self.sort in SETTLED_INDEXED:
-            return [[_SETTLED], [m.c.status == "inflight"]]
+            return [[_SETTLED], [_INFLIGHT]]
         if segment == "values" and self.sort in INFLIGHT_ONLY:
-            return [[m.c.status == "inflight"]]
+            return [[_INFLIGHT]]
         return [[]]
 
-    def _merged(self, segment: str, parts: list[Select[Any]], each: int, *, offset: int, limit: int) -> Select[Any]:
-        """Rows of `parts` in walk order: each part ordered and cut to `each` on its own index,
-        then merged (one part is read as it is)."""
-        order = self._order(segment)
+    def _part_order(self, segment: str, part: list[ColumnElement[bool]]) -> list[Any]:
+        """The walk order within one part. SQLite's id and created_at indexes hold inflight rows
+        too, and its planner would rather walk one over every row of the signal, keeping the few
+        inflight ones, than sort those few: the inflight part of those sorts orders by an
+        expression of the column that no index serves, so it reads (signal, status, seq)."""
+        if part and part[0] is _INFLIGHT and self.sort in SETTLED_INDEXED and self.conn.dialect.name == "sqlite":
+            value = self.column.concat("") if self.sort == "id" else self.column + 0
+            cols = [value, m.c.seq]
+            return [c.desc() if self.descending else c.asc() for c in cols]
+        return self._order(segment)
+
+    def _merged(
+        self, segment: str, parts: list[tuple[Select[Any], list[Any]]], each: int, *, offset: int, limit: int
+    ) -> Select[Any]:
+        """Rows of `parts` (each a statement and its order) in walk order: each part ordered and
+        cut to `each` on its own index, then merged (one part is read as it is)."""
         if len(parts) == 1:
-            return parts[0].order_by(*order).offset(offset or None).limit(limit)
-        merged = union_all(*(select(*p.order_by(*order).limit(each).subquery().c) for p in parts)).subquery()
+            query, order = parts[0]
+            return query.order_by(*order).offset(offset or None).limit(limit)
+        merged = union_all(*(select(*q.order_by(*order).limit(each).subquery().c) for q, order in parts)).subquery()
         keys = [merged.c.seq] if segment == "seq" else [merged.c[self.column.key], merged.c.seq]
         return (
             select(*merged.c)
