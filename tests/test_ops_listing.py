@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import text
 
 from engine import flow, oke, on, ops, signal
-from engine.ops import listing
+from engine.ops import listing, queries
 from engine.store import make_store, search_index
+from vmstepkit import BigSignal
 
 SORTS = ["seq", "id", "status", "key", "attempts", "locked_by", "lease_expires_at", "created_at",
          "parent_run_id"]
@@ -218,56 +219,26 @@ async def test_sort_indexes_are_added_to_an_existing_store_and_serve_the_sorts(d
         await store.close()
 
 
+
 @pytest.mark.parametrize("sort", ["id", "created_at", "attempts"])
 async def test_sqlite_sort_page_costs_the_page_not_the_signal(tmp_path, sort):
     """The inflight rows of a sort whose index also holds them are read from (signal, status,
-    seq): a first page costs about the same work (SQLite VM steps) at 2,000 and 20,000 settled
-    rows, with the newest rows inflight, where walking the sort's index would cost ten times it."""
-    import sqlite3
-
-    from sqlalchemy import create_engine
-
-    from engine.ops import queries
-
-    url = f"sqlite+aiosqlite:///{tmp_path}/oke.db"
-    async with oke("t", database_url=url, bindings=[]):
+    seq): a first page costs about the same work at 2,000 and 20,000 messages, the newest of them
+    inflight, where walking the sort's index to them would cost ten times it."""
+    async with oke("t", database_url=f"sqlite+aiosqlite:///{tmp_path}/oke.db", bindings=[]):
         pass
-    raw = sqlite3.connect(tmp_path / "oke.db")
-    raw.execute("INSERT INTO oke_signals (name, kind, retries, dead_letter, optional, description, updated_at)"
-                " VALUES ('t.big', 'once', 0, 1, 0, '', 0)")
+    big = BigSignal(tmp_path / "oke.db", "t.big")
 
-    def grow_to(settled: int) -> None:
-        raw.execute(
-            "WITH RECURSIVE n(i) AS (SELECT (SELECT count(*) FROM oke_messages) "
-            f"UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {settled}) "
-            "INSERT INTO oke_messages (id, signal, queue, payload, status, attempts, retries, dead_letter,"
-            " created_at, updated_at, priority) "
-            "SELECT printf('msg_%08d', i), 't.big', 't.big', '{}', 'delivered', 1, 0, 0, i, i, 0 FROM n"
-        )
-        raw.execute("UPDATE oke_messages SET status = 'pending' WHERE status = 'inflight'")
-        raw.execute(
-            "UPDATE oke_messages SET status = 'inflight', locked_by = 'w', lease_expires_at = 1 "
-            "WHERE seq IN (SELECT seq FROM oke_messages ORDER BY seq DESC LIMIT 5)"
-        )
-        raw.commit()
+    def first_page(conn):
+        return queries.message_page(conn, "t.big", None, None, 50, None, sort=sort, descending=False)
 
-    def steps() -> int:
-        engine = create_engine(f"sqlite:///{tmp_path}/oke.db")
-        count = [0]
-        try:
-            with engine.connect() as conn:
-                driver = conn.connection.driver_connection
-                driver.set_progress_handler(lambda: count.__setitem__(0, count[0] + 1) or 0, 100)
-                page = queries.message_page(conn, "t.big", None, None, 50, None, sort=sort, descending=False)
-                driver.set_progress_handler(None, 100)
-        finally:
-            engine.dispose()
+    try:
+        big.grow_to(2_000)
+        small, page = big.steps(first_page)
         assert len(page.items) == 50
-        return count[0]
-
-    grow_to(2_000)
-    small = steps()
-    grow_to(20_000)
-    large = steps()
-    raw.close()
+        big.grow_to(20_000)
+        large, page = big.steps(first_page)
+        assert len(page.items) == 50
+    finally:
+        big.close()
     assert large < small * 2, (small, large)

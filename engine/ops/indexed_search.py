@@ -39,7 +39,10 @@ class IndexedSearch:
         marks: search_index.Marks,
     ) -> None:
         self.conn, self.signal, self.needle, self.marks = conn, signal, needle, marks
-        self.filters = [m.c.signal == signal, *filters]  # filters include the exact search filter
+        self.filters = filters  # they include the exact search filter
+        # the signal compared so no index on it serves a statement: candidates are read by seq (or
+        # id), never by walking the signal's index to them, which a planner without statistics picks
+        self.same_signal = listing.unindexed(m.c.signal) == signal
         self.postgres = conn.dialect.name == "postgresql"
         self._pending: list[str] | None = None
 
@@ -106,11 +109,11 @@ class IndexedSearch:
         for start in range(0, len(hits), CHECK_BATCH):
             batch = hits[start : start + CHECK_BATCH]
             within = m.c.seq.in_(bindparam("batch", batch, expanding=True, literal_execute=True))
-            rows += self.conn.execute(select(*listing.COLS).where(within, *self.filters)).all()
+            rows += self.conn.execute(select(*listing.COLS).where(within, self.same_signal, *self.filters)).all()
             if len(rows) > limit:
                 break
         for past in self._past_marks():
-            direct = select(*listing.COLS).where(past, *self.filters, *after)
+            direct = select(*listing.COLS).where(past, self.same_signal, *self.filters, *after)
             rows += self.conn.execute(direct.order_by(m.c.seq.desc() if descending else m.c.seq).limit(limit + 1)).all()
         merged = sorted({r.seq: r for r in rows}.values(), key=lambda r: r.seq, reverse=descending)
         if len(merged) > limit:
@@ -124,6 +127,6 @@ class IndexedSearch:
         if self.too_many():
             return None
         within = m.c.seq.in_(self.candidate_seqs())
-        walk = listing.Walk(self.conn, self.signal, [*self.filters[1:], within], sort, descending, windowed=False)
+        walk = listing.Walk(self.conn, self.signal, [*self.filters, within], sort, descending, windowed=False)
         rows, nxt, _cut = walk.page(limit, cursor)
         return rows, nxt

@@ -136,6 +136,13 @@ def search_filter(text: str, per_row: bool = False) -> ColumnElement[bool]:
     )
 
 
+def unindexed(col: Any) -> Any:
+    """The column's value as an expression no index serves (`+ 0`, `|| ''`): it keeps SQLite's
+    planner, which has no statistics, off an index that looks selective but is not for this
+    statement (an equality on signal beside a short primary-key range, say)."""
+    return col + 0 if col.type.python_type is int else col.concat("")
+
+
 class Walk:
     """One page's walk over the signal in the requested order."""
 
@@ -251,8 +258,7 @@ class Walk:
         inflight ones, than sort those few: the inflight part of those sorts orders by an
         expression of the column that no index serves, so it reads (signal, status, seq)."""
         if part and part[0] is _INFLIGHT and self.sort in SETTLED_INDEXED and self.conn.dialect.name == "sqlite":
-            value = self.column.concat("") if self.sort == "id" else self.column + 0
-            cols = [value, m.c.seq]
+            cols = [unindexed(self.column), m.c.seq]
             return [c.desc() if self.descending else c.asc() for c in cols]
         return self._order(segment)
 
