@@ -229,3 +229,28 @@ async def test_an_indexed_search_costs_its_hits_not_the_signal(tmp_path, needle)
     finally:
         big.close()
     assert large < small * 2, (small, large)
+
+
+async def test_a_walked_search_reads_failure_messages_from_their_index(pg_url):
+    """PostgreSQL: a needle too common for the index is searched by walking the signal, and its
+    failure-message test reads oke_failures through the trigram index on their text (where a
+    seq scan of every failure would cost the store's size): the plan of that test names it."""
+    await emitted(pg_url)
+    store = await ops.open_store(pg_url)
+    try:
+        def plan(conn) -> str:
+            from sqlalchemy import select, text
+
+            conn.execute(text("SET LOCAL enable_seqscan = off"))
+            query = select(schema_mod.messages.c.seq).where(
+                schema_mod.messages.c.signal == "t.search", listing.search_filter("mailbox unavailable")
+            )
+            compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
+            return "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN {compiled}")))
+
+        got = await store.read(plan)
+        assert search_index.FAILURES_INDEX in got, got
+        found = await ops.message_page(store, "t.search", search="mailbox unavailable")
+        assert len(found.items) == 1  # the one dead message, found by its failure
+    finally:
+        await store.close()

@@ -36,6 +36,7 @@ MIN_NEEDLE = 3  # a trigram index finds nothing shorter: such a search scans, as
 TAIL_MAX = 50_000  # rows past a mark a search still scans directly; further behind, it scans windows
 SQLITE_TABLE = "oke_search_fts"
 PG_TABLE = "oke_search"
+FAILURES_INDEX = "oke_failures_message_trgm"  # PostgreSQL only: failure messages, for the walk's search
 log = logging.getLogger("engine.search")
 
 _LAST_FAILURE = (
@@ -86,6 +87,12 @@ def _install_postgres(conn: Connection) -> None:
         text(f"CREATE TABLE IF NOT EXISTS {PG_TABLE} (seq BIGINT PRIMARY KEY, signal TEXT NOT NULL, doc TEXT NOT NULL)")
     )
     conn.execute(text(f"CREATE INDEX IF NOT EXISTS {PG_TABLE}_doc ON {PG_TABLE} USING gin (doc gin_trgm_ops)"))
+    # A common needle is searched by walking the signal, and its failure-message test is one hashed
+    # subquery over oke_failures: with this index it reads the matching failures, not every one.
+    # Only failed attempts write it, never the emit, claim or settle of a message that succeeds.
+    conn.execute(
+        text(f"CREATE INDEX IF NOT EXISTS {FAILURES_INDEX} ON oke_failures USING gin (lower(message) gin_trgm_ops)")
+    )
 
 
 def available(conn: Connection) -> bool:
