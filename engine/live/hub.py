@@ -26,6 +26,7 @@ QUEUE_BATCHES = 256
 # each write then carries ~4 events instead of 1, at most 20 ms later. A few streams are not paced.
 PACE_PER_SUBSCRIBER_S = 0.00002
 PACE_MAX_S = 0.02
+READ_BATCH = 1000  # tape events per read; a full batch is followed by another read at once
 
 
 DONE = "done"  # put in a queue when the server shuts down
@@ -121,7 +122,7 @@ class TapeHub:
                     while True:
                         after = self.last_seq
                         epoch, head, events = await self.store.read(
-                            partial(live_tape.read_since, signal=self.signal, after_seq=after)
+                            partial(live_tape.read_since, signal=self.signal, after_seq=after, limit=READ_BATCH)
                         )
                         if epoch is not None and epoch != self.epoch:
                             # wiped or restored: label new events with the new epoch, and tell every
@@ -140,6 +141,8 @@ class TapeHub:
                         for sub in list(self.subscribers):
                             sub.offer(batch)
                         offered_at = loop.time()
+                        if len(events) < READ_BATCH:
+                            break  # caught up: what lands next wakes the next, paced, round
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
