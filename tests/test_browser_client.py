@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,8 +24,10 @@ import clientkit
 import engine
 from clientkit import SEEN, TOKEN, declare
 from engine import oke
+from consolekit import wait_port
 from livekit import free_port, serving
 from test_browser import Chromium, chromium  # noqa: F401  (the fixture: skips or fails without Chromium)
+from test_examples import EXAMPLES, _env
 
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>client.js</title></head><body>
@@ -284,3 +288,49 @@ async def test_client_js_is_served_public_cached_and_holds_nothing_of_the_app(sq
             post = await c.post(f"{base}/_oke/client.js")
             assert post.status_code == 405 and post.headers["allow"] == "GET, HEAD"
     assert SEEN == []  # no gate was asked: the module is the same for everyone
+
+
+def test_the_example_page_shows_an_order_status_live(db_url, chromium):
+    """examples/order_status.html, served by examples/shop.py under `okconsole serve`: fill the form,
+    place an order, and the page shows its status as the flow publishes it."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "okconsole", "serve", "shop:app", "--port", str(port)],
+                              cwd=EXAMPLES, env=_env(db_url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, stdin=subprocess.DEVNULL)
+
+    async def drive() -> str:
+        base = f"http://127.0.0.1:{port}"
+        browser = Chromium(chromium, f"{base}/order")
+        try:
+            await browser.connect()
+            deadline = time.monotonic() + 20
+            while not await browser.evaluate("document.querySelector('#follow')?.dataset.ready === 'yes'"):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await browser.evaluate("document.querySelector('#follow').orderId.value = 'o7';"
+                                   "document.querySelector('#follow').requestSubmit(); 1")
+            deadline = time.monotonic() + 20
+            while await browser.evaluate("document.querySelector('#connection').textContent") != "(live)":
+                assert time.monotonic() < deadline, await browser.evaluate("document.body.innerText")
+                await asyncio.sleep(0.05)
+            async with httpx.AsyncClient() as c:
+                placed = await c.post(f"{base}/orders", json={"orderId": "o7", "customer": "ada", "total_cents": 5},
+                                      headers={"Authorization": "Bearer shop-token"})
+                assert placed.status_code == 200, placed.text
+            while await browser.evaluate("document.querySelector('#status').textContent") != "shipped":
+                assert time.monotonic() < deadline + 20, await browser.evaluate("document.body.innerText")
+                await asyncio.sleep(0.05)
+            return await browser.evaluate("document.querySelector('#log').textContent")
+        finally:
+            await browser.close()
+
+    try:
+        wait_port(port)
+        log = asyncio.run(drive())
+    finally:
+        server.terminate()
+        _out, err = server.communicate(timeout=30)
+    lines = log.strip().splitlines()
+    assert [json.loads(line.split("  ", 1)[1]) for line in lines] == [{"orderId": "o7", "status": "paid"},
+                                                                      {"orderId": "o7", "status": "shipped"}]
+    assert server.returncode in (0, -15), err
