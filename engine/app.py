@@ -17,8 +17,8 @@ from .background import Background
 from .bindings_cache import BindingsCache
 from .durations import parse_duration_ms
 from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
-from .errors import OkeError, StoreUnavailable
-from .flows import Binding, Manifest, build_manifest, current_bindings
+from .errors import BIND_A_FLOW, MOUNT_AN_EXPOSURE, OkeError, StoreUnavailable
+from .flows import Binding, Manifest, build_manifest, current_bindings, is_signal_binding
 from .heartbeat import DEFAULT_INTERVAL_S, WorkerHeartbeat
 from .http.limits import check_max_connections
 from .http.routes import check_routes
@@ -286,7 +286,8 @@ class OkeApp:
                 f'emit("{target.name}"): the store is unreachable, so the message was not stored ({describe(err)})'
             ) from err
         if not flows and not target.optional:
-            raise OkeError.of(1240, flow=emitter or self.name, resource=target.name)
+            bind = MOUNT_AN_EXPOSURE if target.kind == "live" else BIND_A_FLOW
+            raise OkeError.of(1240, flow=emitter or self.name, resource=target.name, bind=bind)
         return flows
 
     async def _store_rows(
@@ -342,7 +343,7 @@ class OkeApp:
                 else [
                     b
                     for b in (self._bindings if self._bindings is not None else current_bindings())
-                    if not isinstance(b.trigger, Signal)
+                    if not is_signal_binding(b)
                 ]
             )
             self._http = HttpServer(self._http_runtime(), routes)

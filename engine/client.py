@@ -5,10 +5,13 @@ caller's token passes; with none listed it asks the firehose, whose 401/403/404 
 auto-match one whose path params are the largest subset of the input (a tie
 needs `via`; a custom flow's exposure is used only when `via` names its flow or
 path), and follows it: reconnects send `Last-Event-ID` from the last id received (an
-id-only heartbeat frame counts), a 410 raises `LiveResumeGap` — or, with
-`auto_resubscribe`, drops the cursor and replays the remaining tape after a
-back-off of 500 ms doubling to 30 s. A stream silent for longer than `idle_s` (no
-event, no heartbeat: a half-open connection, a stalled proxy) counts as a drop.
+id-only heartbeat frame counts). The seeds' rule for what happens when a stream ends:
+`auto_resubscribe=False` (the default) → a drop raises `StreamDropped` and a 410 raises
+`LiveResumeGap`, and the subscription ends; `True` → reopen after a back-off of 500 ms doubling
+to 30 s, and on a 410 drop the cursor and replay the remaining tape. A stream silent for longer
+than `idle_s` (no event, no heartbeat: a half-open connection, a stalled proxy) counts as a drop.
+The browser module the server serves at `/_oke/client.js` (engine/http/client.js) follows the
+same rules.
 """
 
 from __future__ import annotations
@@ -67,6 +70,35 @@ class ClientError(RuntimeError):
         super().__init__(f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
+
+
+class StreamDropped(RuntimeError):
+    """A stream that dropped (or never opened) with `auto_resubscribe=False`: the subscription ends.
+
+    `last_id` is the last id received (None before any): pass it as `last_event_id` to resume.
+    """
+
+    def __init__(self, signal: str, last_id: str | None, opened: bool, cause: BaseException) -> None:
+        what = "dropped" if opened else "could not open"
+        after = f' after "{last_id}"' if last_id else ""
+        super().__init__(
+            f'live "{signal}": the stream {what}{after} ({type(cause).__name__}: {cause}); '
+            "resume with last_event_id=, or pass auto_resubscribe=True to reopen by itself"
+        )
+        self.signal = signal
+        self.last_id = last_id
+        self.opened = opened
+
+
+class BadFrame(ValueError):
+    """A `data:` frame that is not JSON (our server never sends one; a proxy or another server may).
+    `stream()` raises it unless given `on_bad_frame`; `live()` hands it to `on_error` and goes on."""
+
+    def __init__(self, signal: str, event_id: str, data: str) -> None:
+        shown = data if len(data) <= 80 else data[:80] + "…"
+        super().__init__(f'live "{signal}": a data frame that is not JSON (id {event_id!r}): {shown!r}')
+        self.signal = signal
+        self.event_id = event_id
 
 
 class _Ended(Exception):
@@ -132,14 +164,23 @@ class Client:
             self._exposures = response.json()["data"]
         return self._exposures
 
-    async def path_for(self, client: httpx.AsyncClient, signal: str, params: dict[str, Any], via: str | None) -> str:
-        """The URL path of the exposure to follow (SPEC §8 choice rule)."""
-        exposures = [e for e in await self.exposures(client) if e["signal"] == signal]
-        if not exposures and via is None:
-            # the server lists only what this caller's gates let through: with none listed, ask the
-            # firehose's path and let the server say why (401/403 for a refused token, 404 for none)
-            return live_path(signal)
-        chosen = _named(exposures, signal, via) if via is not None else _best_fit(exposures, signal, params)
+    async def path_for(
+        self, client: httpx.AsyncClient, signal: str | None, params: dict[str, Any], via: str | None
+    ) -> str:
+        """The URL path of the exposure to follow (SPEC §8 choice rule); `signal=None` with `via`:
+        the exposure of the flow named `via`, whatever its signal (`Client.flow(name)`)."""
+        listed = await self.exposures(client)
+        if signal is None:
+            assert via is not None, "an exposure is chosen by its signal, or by its flow's name"
+            chosen = _of_flow(listed, via)
+            signal = chosen["signal"]
+        else:
+            exposures = [e for e in listed if e["signal"] == signal]
+            if not exposures and via is None:
+                # the server lists only what this caller's gates let through: with none listed, ask the
+                # firehose's path and let the server say why (401/403 for a refused token, 404 for none)
+                return live_path(signal)
+            chosen = _named(exposures, signal, via) if via is not None else _best_fit(exposures, signal, params)
         missing = [name for name in chosen["params"] if name not in params]
         if missing:
             raise ValueError(f'"{signal}" at {chosen["path"]} needs the params {", ".join(missing)}')
@@ -148,7 +189,13 @@ class Client:
         except (TypeError, ValueError) as err:
             raise ValueError(f'"{signal}" at {chosen["path"]}: a param value JSON cannot write ({err})') from err
 
-    async def stream(
+    def flow(self, name: str) -> FlowLive:
+        """The live exposure a flow serves, by the flow's name (the seeds' `api.orders.events(...)`)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Client.flow(name): a flow name is a non-empty string, got {name!r}")
+        return FlowLive(self, name)
+
+    def stream(
         self,
         signal: Signal | str,
         params: dict[str, Any] | None = None,
@@ -156,41 +203,47 @@ class Client:
         last_event_id: str | None = None,
         via: str | None = None,
         auto_resubscribe: bool = False,
-        reconnect: bool = True,
         on_open: Callable[[], Any] | None = None,
         tail: int | None = None,
         retry_first: bool = True,
+        on_bad_frame: Callable[[BadFrame], Any] | None = None,
     ) -> AsyncIterator[LiveEvent]:
-        """Events of a live tape, resuming by id across drops, until the caller stops iterating.
+        """Events of a live tape, resuming by id, until the caller stops iterating or it ends.
 
+        With `auto_resubscribe=False` a drop raises `StreamDropped` and a 410 `LiveResumeGap`; with
+        True both reopen after the back-off (a 410 from the start of the remaining tape).
         `tail=N` starts a cursor-less stream at the last N retained events (0: only new ones);
-        `retry_first=False` raises if the very first connection fails instead of retrying.
+        `retry_first=False` (with auto_resubscribe) raises if the very first connection fails.
+        A non-JSON `data:` frame raises `BadFrame`, or goes to `on_bad_frame` and the stream goes on.
         """
-        name = _signal_name(signal)
-        params = dict(params or {})
-        resume = _Resume(last_event_id, tail)
+        plan = _Plan(
+            _signal_name(signal), dict(params or {}), via, auto_resubscribe, retry_first, on_open, on_bad_frame
+        )
+        return self._events(plan, _Resume(last_event_id, tail))
+
+    async def _events(self, plan: _Plan, resume: _Resume) -> AsyncGenerator[LiveEvent, None]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout, read=self.idle_s)) as client:
             url: str | None = None
             while True:
                 try:
                     if url is None:  # inside the retry: a server not up yet is retried like a drop
-                        url = self.base_url + await self.path_for(client, name, params, via)
-                    async with aclosing(self._connection(client, url, resume, on_open)) as events:
+                        url = self.base_url + await self.path_for(client, plan.signal, plan.params, plan.via)
+                    async with aclosing(self._connection(client, url, resume, plan)) as events:
                         async for event in events:
                             yield event
                 except LiveResumeGap:
-                    if not auto_resubscribe:
+                    if not plan.auto_resubscribe:
                         raise
                     resume.forget()
-                except (_Ended, httpx.TransportError, _Unavailable):
-                    if not resume.connected and not retry_first:
+                except (_Ended, httpx.TransportError, _Unavailable) as err:
+                    if not plan.auto_resubscribe:
+                        raise StreamDropped(plan.label, resume.cursor, resume.connected, err) from err
+                    if not resume.connected and not plan.retry_first:
                         raise
-                    if not reconnect:
-                        return
                 await resume.back_off()
 
     async def _connection(
-        self, client: httpx.AsyncClient, url: str, resume: _Resume, on_open: Callable[[], Any] | None
+        self, client: httpx.AsyncClient, url: str, resume: _Resume, plan: _Plan
     ) -> AsyncGenerator[LiveEvent, None]:
         """One connection's events, moving the cursor; `_Ended` on `data: [DONE]`, the server's error
         (410 as LiveResumeGap) when it does not answer 200."""
@@ -205,15 +258,24 @@ class Client:
                 await source.response.aread()
                 _raise_for_error(source.response, resume.cursor or "")
             resume.opened()
-            if on_open is not None:
-                on_open()
+            if plan.on_open is not None:
+                plan.on_open()
             async for sse in source.aiter_sse():
                 if sse.id:
                     resume.cursor = sse.id
                 if sse.data == "[DONE]":
-                    raise _Ended()
-                if sse.data:  # else a heartbeat (httpx-sse yields id-only frames as empty events)
-                    yield LiveEvent(sse.id, json.loads(sse.data))
+                    raise _Ended("the server ended the stream (it is shutting down)")
+                if not sse.data:  # a heartbeat (httpx-sse yields id-only frames as empty events)
+                    continue
+                try:
+                    data = json.loads(sse.data)
+                except ValueError:
+                    bad = BadFrame(plan.label, sse.id, sse.data)
+                    if plan.on_bad_frame is None:
+                        raise bad from None
+                    plan.on_bad_frame(bad)
+                    continue
+                yield LiveEvent(sse.id, data)
 
     def live(
         self,
@@ -227,19 +289,25 @@ class Client:
         via: str | None = None,
         last_event_id: str | None = None,
     ) -> Callable[[], None]:
-        """Follow a tape with callbacks; returns `stop()`. Runs on the current loop, else a thread."""
+        """Follow a tape with callbacks; returns `stop()`. Runs on the current loop, else a thread.
 
+        `on_error` gets what ends the subscription (`StreamDropped`, `LiveResumeGap`, `ClientError`,
+        a bad choice of exposure) and, without ending it, a `BadFrame`."""
+        plan = _Plan(_signal_name(signal), dict(params or {}), via, auto_resubscribe, True, on_open, on_error)
+        return self._follow(plan, last_event_id, on_event, on_error)
+
+    def _follow(
+        self,
+        plan: _Plan,
+        last_event_id: str | None,
+        on_event: Callable[[LiveEvent], Any],
+        on_error: Callable[[BaseException], Any] | None,
+    ) -> Callable[[], None]:
         async def follow() -> None:
             try:
-                async for event in self.stream(
-                    signal,
-                    params,
-                    last_event_id=last_event_id,
-                    via=via,
-                    auto_resubscribe=auto_resubscribe,
-                    on_open=on_open,
-                ):
-                    on_event(event)
+                async with aclosing(self._events(plan, _Resume(last_event_id, None))) as events:
+                    async for event in events:
+                        on_event(event)
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -256,6 +324,56 @@ class Client:
             task.cancel()
 
         return cancel
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one subscription follows and how it treats a drop, a gap and a bad frame."""
+
+    signal: str | None  # None: the exposure of the flow named by `via`, whatever its signal
+    params: dict[str, Any]
+    via: str | None
+    auto_resubscribe: bool
+    retry_first: bool
+    on_open: Callable[[], Any] | None
+    on_bad_frame: Callable[[BadFrame], Any] | None
+
+    @property
+    def label(self) -> str:
+        return self.signal if self.signal is not None else f"flow {self.via}"
+
+
+class FlowLive:
+    """`Client.flow(name)`: subscribe through the exposure a named flow serves; its signal and path
+    come from the server's listing, so the caller names only the flow."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def stream(
+        self,
+        params: dict[str, Any] | None = None,
+        *,
+        last_event_id: str | None = None,
+        auto_resubscribe: bool = False,
+        on_open: Callable[[], Any] | None = None,
+    ) -> AsyncIterator[LiveEvent]:
+        plan = _Plan(None, dict(params or {}), self.name, auto_resubscribe, True, on_open, None)
+        return self.client._events(plan, _Resume(last_event_id, None))
+
+    def live(
+        self,
+        params: dict[str, Any] | None = None,
+        *,
+        on_event: Callable[[LiveEvent], Any],
+        on_error: Callable[[BaseException], Any] | None = None,
+        on_open: Callable[[], Any] | None = None,
+        auto_resubscribe: bool = False,
+        last_event_id: str | None = None,
+    ) -> Callable[[], None]:
+        plan = _Plan(None, dict(params or {}), self.name, auto_resubscribe, True, on_open, on_error)
+        return self.client._follow(plan, last_event_id, on_event, on_error)
 
 
 def _follow_in_thread(follow: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
@@ -283,6 +401,18 @@ def _follow_in_thread(follow: Callable[[], Coroutine[Any, Any, None]]) -> Callab
         thread.join(timeout=5)
 
     return stop
+
+
+def _of_flow(exposures: list[dict[str, Any]], flow: str) -> dict[str, Any]:
+    """The exposure the flow named `flow` serves (flows of custom exposures are listed by name)."""
+    for exposure in exposures:
+        if exposure.get("flow") == flow:
+            return exposure
+    named = sorted({e["flow"] for e in exposures if e.get("flow")})
+    raise ValueError(
+        f'flow "{flow}": no live exposure listed here is served by a flow of that name '
+        f"(flows: {', '.join(named) or 'none'}; a gated one is listed only to a caller its gate admits)"
+    )
 
 
 def _named(exposures: list[dict[str, Any]], signal: str, via: str) -> dict[str, Any]:

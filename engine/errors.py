@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+BIND_A_FLOW = "Bind a flow with on(signal, ...)"  # OKE1240's remedy for a once or broadcast signal
+MOUNT_AN_EXPOSURE = (  # and for a live one: its subscribers are exposures; on(signal, ...) is refused at boot
+    'Mount an exposure with on(http.live(signal).gate(...)) or on(http.get("/path").gate(...).live(signal))'
+)
+
 # code -> (cause template, fix)
 CATALOGUE: dict[int, tuple[str, str]] = {
     1001: (
@@ -28,7 +33,7 @@ CATALOGUE: dict[int, tuple[str, str]] = {
     1210: ('Cursor "{afterId}" missing on "{signal}".', "Reconnect without Last-Event-ID to replay the retained tape."),
     1240: (
         'Flow "{flow}" emits signal "{resource}" with no subscriber.',
-        "Bind a flow with on(signal, ...) or declare the signal with optional=True.",
+        "{bind} or declare the signal with optional=True.",
     ),
     1250: ('"{resource}": {detail}', "Emit a payload that matches the signal's schema."),
 }

@@ -96,19 +96,39 @@ RouteBinder = Callable[[Any, Flow | Handler | None], Any]
 _ROUTE_BINDER: list[RouteBinder] = []
 
 
+@dataclass(frozen=True)
+class SignalName:
+    """`on("name", ...)` for a name not declared yet: declarations and bindings may come in any
+    order (modules import in whatever order they do), so the name is looked up again at boot."""
+
+    name: str
+
+    def resolve(self) -> Signal:
+        found = declared(self.name)
+        if found is None:
+            raise LookupError(
+                f'on("{self.name}"): no signal of that name is declared in this process '
+                "(looked up at boot: declare it with signal.once/broadcast/live before the app starts)"
+            )
+        return found
+
+
 def _resolve_trigger(trigger: object) -> Any:
     if isinstance(trigger, str):
-        found = declared(trigger)
-        if found is None:
-            raise LookupError(f'on("{trigger}"): no signal of that name is declared in this process')
-        return found
+        check_name(trigger, "on")  # a name no signal could have fails now, not at boot
+        return declared(trigger) or SignalName(trigger)
     return trigger
+
+
+def is_signal_binding(binding: Binding) -> bool:
+    """A binding to a signal (declared, or named and resolved at boot) rather than to an HTTP route."""
+    return isinstance(binding.trigger, (Signal, SignalName))
 
 
 def on(trigger: Any, bound: Flow | Handler | None = None) -> Any:
     """Bind a flow to a signal (or an HTTP route): `on(sig, flow)` or `@on(sig)` over a flow."""
     trigger = _resolve_trigger(trigger)
-    if not isinstance(trigger, Signal):
+    if not isinstance(trigger, (Signal, SignalName)):
         for binder in _ROUTE_BINDER:
             result = binder(trigger, bound)
             if result is not NotImplemented:
@@ -158,6 +178,8 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
     manifest = Manifest()
     for binding in bindings:
         trigger = binding.trigger
+        if isinstance(trigger, SignalName):
+            trigger = trigger.resolve()
         if not isinstance(trigger, Signal):
             manifest.routes.append(binding)
             continue
@@ -174,16 +196,16 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
         if namesake is not None and _same_work(namesake, binding.flow):
             continue  # one flow bound twice: still one consumer
         flows.append(binding.flow)
-        if trigger.kind == "once" and len(flows) > 1:
-            names = ", ".join(f'"{f.name}"' for f in flows)
-            raise OkeError.of(1071, signal=trigger.name, flows=names)
-        if namesake is not None:
+        if namesake is not None and trigger.kind != "once":
             raise ValueError(
                 f'on(signal.broadcast("{trigger.name}")): flow "{namesake.name}" is bound twice '
                 f"with different handlers ({_handler_name(namesake)} and "
                 f"{_handler_name(binding.flow)}); a broadcast copy goes to each flow by name, "
                 f"so give each handler its own flow name"
             )
+    for name, flows in manifest.signal_flows.items():  # after all bindings: OKE1071 names every flow
+        if manifest.signals[name].kind == "once" and len(flows) > 1:
+            raise OkeError.of(1071, signal=name, flows=", ".join(f'"{f.name}"' for f in flows))
     return manifest
 
 

@@ -6,7 +6,9 @@
 - the `shop.fulfil` flow handles each order and publishes its progress on the `shop.order-status`
   live tape;
 - `GET /orders/:orderId/events` streams one order's status events over SSE, and
-  `GET /_oke/live/shop.order-status` all of them (both need the token).
+  `GET /_oke/live/shop.order-status` all of them (both need the token);
+- `GET /order` is a page (order_status.html) that shows an order's status live in a browser with
+  the engine's module `/_oke/client.js`: open http://127.0.0.1:6530/order and press Follow.
 
 Try it from another terminal:
 
@@ -20,8 +22,11 @@ SHOP_TOKEN, else "shop-token".
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pydantic import BaseModel, Field
+
+from starlette.responses import HTMLResponse
 
 from engine import Unauthorized, flow, gate, http, oke, on, signal
 
@@ -64,5 +69,11 @@ async def fulfil(order: Order, fx) -> None:
 
 on(http.live(order_status).gate(member))                                   # the firehose
 on(http.get("/orders/:orderId/events").gate(member).live(order_status))    # one order's events
+
+
+@on(http.get("/order").public())  # the page holds no data: the token is typed into it
+@flow("shop.order-page")
+def order_page(_input, _fx) -> HTMLResponse:
+    return HTMLResponse((Path(__file__).parent / "order_status.html").read_text(encoding="utf-8"))
 
 app = oke("shop")

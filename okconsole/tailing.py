@@ -23,7 +23,7 @@ from typing import Any, TextIO
 import httpx
 
 from engine import ops
-from engine.client import Client, ClientError, LiveResumeGap
+from engine.client import Client, ClientError, LiveResumeGap, StreamDropped
 from engine.display import inert, json_text, one_line
 
 from .data import StoreAdapter, StoreDown
@@ -237,6 +237,7 @@ class _SseFollower:
         self.client = Client(base_url, token=token, timeout=bound)
         self.cursor, self.tail = _sse_start(opts, printer)
         self.connected_once = False
+        self.dropped = False  # since the last warning of a drop, no stream has opened
 
     async def run(self) -> None:
         while not self.printer.done:
@@ -256,22 +257,24 @@ class _SseFollower:
                 raise TailFailed(str(err)) from err
             except ValueError as err:  # no exposure of that signal on this server
                 raise UnknownTape(self.opts.signal, []) from err
-            except httpx.HTTPError as err:
+            except (httpx.HTTPError, StreamDropped) as err:
                 if not self.connected_once:
-                    raise TailFailed(f"cannot reach {self.base_url}: {err}") from err
-                self.printer.warn(f"stream dropped ({err}); resuming after {self.cursor}")
+                    raise TailFailed(f"cannot reach {self.base_url}: {err.__cause__ or err}") from err
+                if not self.dropped:  # once per outage: the retries that follow say nothing new
+                    self.printer.warn(f"stream dropped ({err.__cause__ or err}); resuming after {self.cursor}")
+                self.dropped = True
                 await asyncio.sleep(1.0)
 
     async def _stream_once(self) -> None:
         opened = asyncio.Event()
-        stream = self.client.stream(
-            self.opts.signal,
-            {},
-            last_event_id=self.cursor,
-            tail=self.tail,
-            retry_first=self.connected_once,
-            on_open=opened.set,
-        )
+
+        def on_open() -> None:
+            opened.set()
+            self.dropped = False
+
+        # auto_resubscribe=False: a drop comes back here (warned once, reopened after the last id
+        # printed) and a gap too (warned, restarted from the oldest retained event)
+        stream = self.client.stream(self.opts.signal, {}, last_event_id=self.cursor, tail=self.tail, on_open=on_open)
         async with contextlib.aclosing(stream):
             pumping = asyncio.ensure_future(self._pump(stream))
             if not self.connected_once:

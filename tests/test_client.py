@@ -199,7 +199,7 @@ async def test_reconnect_resumes_from_the_last_id_received_including_heartbeats(
         async with serving(app, port=port) as base:
             api = Client(base, token="s3cret")
             opened = []
-            task = asyncio.create_task(consume(api.stream(status, {"orderId": "a"},
+            task = asyncio.create_task(consume(api.stream(status, {"orderId": "a"}, auto_resubscribe=True,
                                                           on_open=lambda: opened.append(time.monotonic())),
                                                queue))
             a1 = await app.emit(status, {"orderId": "a", "n": 1})
@@ -232,7 +232,7 @@ async def test_a_silent_stream_is_dropped_after_idle_s_and_resumed_from_the_last
         queue: asyncio.Queue = asyncio.Queue()
         opened: list[float] = []
         api = Client(base, token="s3cret", idle_s=0.3)
-        task = asyncio.create_task(consume(api.stream(status, {"orderId": "a"},
+        task = asyncio.create_task(consume(api.stream(status, {"orderId": "a"}, auto_resubscribe=True,
                                                       on_open=lambda: opened.append(time.monotonic())), queue))
         try:
             a1 = await app.emit(status, {"orderId": "a", "n": 1})
@@ -394,7 +394,8 @@ async def test_stream_waits_for_a_server_that_is_not_up_yet(db_url):
     port = free_port()
     api = Client(f"http://127.0.0.1:{port}", token="s3cret")
     queue: asyncio.Queue = asyncio.Queue()
-    task = asyncio.create_task(consume(api.stream(status), queue))  # nothing listens on the port yet
+    # nothing listens on the port yet: with auto_resubscribe the first connection is retried too
+    task = asyncio.create_task(consume(api.stream(status, auto_resubscribe=True), queue))
     try:
         await asyncio.sleep(0.3)
         assert not task.done()
@@ -402,7 +403,8 @@ async def test_stream_waits_for_a_server_that_is_not_up_yet(db_url):
             first = await app.emit(status, {"n": 1})
             assert [e.id for e in await take(queue, 1)] == [first]
         with pytest.raises(httpx.ConnectError):  # retry_first=False fails fast instead
-            await anext(Client(f"http://127.0.0.1:{free_port()}").stream(status, retry_first=False))
+            await anext(Client(f"http://127.0.0.1:{free_port()}").stream(status, auto_resubscribe=True,
+                                                                          retry_first=False))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -185,9 +185,36 @@ def test_on_by_name_binds_to_the_declared_signal():
     assert binding.trigger is jobs and binding.flow is bound
 
 
-def test_on_an_undeclared_name_fails_at_once():
-    with pytest.raises(LookupError, match="nope"):
-        on("nope", flow("w", do=_handler))
+async def test_on_a_name_never_declared_fails_at_boot(sqlite_url):
+    on("nope", flow("w", do=_handler))  # declarations may still follow: nothing to say yet
+    with pytest.raises(LookupError, match=r'on\("nope"\): no signal of that name is declared .*looked up at boot'):
+        async with oke("t", database_url=sqlite_url):
+            pass
+
+
+@pytest.mark.parametrize("bad, exc", [("", ValueError), ("a\nb", ValueError), (42, TypeError)])
+def test_on_a_name_no_signal_could_have_fails_at_once(bad, exc):
+    with pytest.raises(exc):
+        on(bad, flow("w", do=_handler))
+
+
+async def test_on_by_name_before_the_declaration_binds_at_boot(sqlite_url):
+    got = []
+    bound = on("tasks.email", flow("workers.email", do=lambda p, fx: got.append(p)))  # any order
+    jobs = signal.once("tasks.email")
+    async with oke("t", database_url=sqlite_url) as app:
+        assert app.manifest.signal_flows["tasks.email"] == [bound]
+        await app.emit(jobs, {"to": "a@example.com"})
+        await app.drain()
+    assert got == [{"to": "a@example.com"}]
+
+
+async def test_on_by_name_before_a_live_declaration_is_refused_at_boot_like_on_signal(sqlite_url):
+    on("order-status", flow("workers.status", do=_handler))
+    signal.live("order-status")
+    with pytest.raises(TypeError, match="a live signal is a tape, not a queue"):
+        async with oke("t", database_url=sqlite_url):
+            pass
 
 
 def test_on_a_bare_function_makes_a_nameless_flow():
@@ -235,6 +262,17 @@ async def test_two_flows_on_one_once_signal_fail_at_boot_with_oke1071(sqlite_url
     assert err.value.code == 1071
     assert str(err.value).startswith('OKE1071: Once signal "jobs" is bound to more than one Flow (')
     assert '"workers.a"' in str(err.value) and '"workers.b"' in str(err.value)
+
+
+async def test_oke1071_names_every_flow_bound_to_the_once_signal(sqlite_url):
+    jobs = signal.once("jobs")
+    for name in ("workers.a", "workers.b", "workers.c"):
+        on(jobs, flow(name, do=_handler))
+    with pytest.raises(OkeError) as err:
+        async with oke("t", database_url=sqlite_url):
+            pass
+    assert str(err.value).startswith(
+        'OKE1071: Once signal "jobs" is bound to more than one Flow ("workers.a", "workers.b", "workers.c").')
 
 
 OKE1071_FIX = ("Use signal.broadcast if each flow should independently receive this event, or bind only one "
@@ -344,8 +382,7 @@ def test_reset_forgets_bindings_and_declarations():
     on(signal.once("jobs"), flow("w", do=_handler))
     engine.reset()
     assert engine.flows.current_bindings() == []
-    with pytest.raises(LookupError):
-        on("jobs", flow("w", do=_handler))
+    assert engine.signals.declared("jobs") is None
 
 
 # --------------------------------------------------------------------------- errors

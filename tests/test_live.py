@@ -122,6 +122,11 @@ async def test_an_emitter_without_the_exposure_finds_the_one_another_process_rec
         with pytest.raises(engine.OkeError) as err:
             await producer.emit(lonely, {"x": 1})
         assert err.value.code == 1240
+        # a live signal's subscribers are exposures (on(signal, flow) is refused at boot): say so
+        assert str(err.value) == (
+            'OKE1240: Flow "producer" emits signal "nobody-listens" with no subscriber. Fix: Mount an exposure '
+            'with on(http.live(signal).gate(...)) or on(http.get("/path").gate(...).live(signal)) or declare '
+            "the signal with optional=True.")
     assert status.name == bare.name
 
 

@@ -86,7 +86,7 @@ async def test_resume_after_a_server_restart_gets_exactly_the_missed_events(db_u
             followed: list = []
 
             async def follow() -> None:
-                async for event in api.stream(status):
+                async for event in api.stream(status, auto_resubscribe=True):
                     followed.append(event)
 
             follower = asyncio.create_task(follow())

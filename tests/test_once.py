@@ -206,7 +206,8 @@ async def test_emit_without_a_subscriber_is_oke1240_and_stores_nothing(db_url):
         with pytest.raises(OkeError) as err:
             await app.emit(lonely, {"a": 1})
         assert err.value.code == 1240
-        assert str(err.value).startswith('OKE1240: Flow "shop" emits signal "lonely" with no subscriber.')
+        assert str(err.value) == ('OKE1240: Flow "shop" emits signal "lonely" with no subscriber. Fix: Bind a '
+                                  "flow with on(signal, ...) or declare the signal with optional=True.")
     assert (await table_counts(db_url))["oke_messages"] == 0
 
 

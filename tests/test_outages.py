@@ -412,11 +412,11 @@ async def test_sse_stream_survives_a_postgres_restart(pg: PgCluster, pg_db: str)
             assert response.status_code == 503, (response.status_code, response.text)
             assert response.json()["error"]["code"] == "StoreUnavailable"
             assert response.headers["retry-after"] == "1"
-            # and the Python client retries a 503 like a drop: it replays the tape once it can
+            # and the Python client (auto_resubscribe) retries a 503 like a drop: it replays the tape once it can
             late_events: list[Any] = []
 
             async def follow() -> None:
-                async for event in Client(f"http://127.0.0.1:{port}").stream(status):
+                async for event in Client(f"http://127.0.0.1:{port}").stream(status, auto_resubscribe=True):
                     late_events.append(event)
 
             late = asyncio.create_task(follow())

@@ -23,6 +23,7 @@ from ..live.hub import HubRegistry
 from ..live.stream import REPLAY_BATCH, StreamControl, live_stream
 from ..ops.records import to_json
 from ..store.outage import describe, is_outage
+from .assets import client_js
 from .limits import BodyLimit, PayloadTooLarge
 from .routes import Gate, HttpError, Route, check_routes, exposure_match, param_match
 
@@ -279,6 +280,8 @@ class HttpServer:
             if segments[0] == "_oke":  # the engine's own paths; user routes cannot start with /_oke/
                 if len(segments) == 3 and segments[1] == "live":
                     return await self._firehose(request, segments[2])
+                if segments == ["_oke", "client.js"]:
+                    return client_js(request)
                 if segments == ["_oke", "exposures"] and request.method == "GET":
                     return JSONResponse({"data": await self.exposures(request), "error": None})
                 if segments == ["_oke", "metrics"] and self.metrics_route is not None:

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.widgets import RichLog, Static
 
 from engine import ops
-from engine.client import Client, ClientError, LiveResumeGap
+from engine.client import Client, ClientError, LiveResumeGap, StreamDropped
 from engine.display import cut, inert, json_text, more_note
 
 from .. import fmt
@@ -287,6 +287,11 @@ class TailScreen(ConsoleScreen):
                     first=gap.first_id or "(tape empty)",
                 )
                 self.cursor, tail = None, None
+            except StreamDropped as dropped:  # the server went away: reopen after the last id received
+                if dropped.last_id:
+                    self.cursor, tail = dropped.last_id, None
+                self.notice("[b]stream dropped[/b] — resuming after $cursor", cursor=self.cursor or "the start")
+                await asyncio.sleep(2)
             except (ClientError, ValueError) as err:
                 if isinstance(err, ValueError) or err.status == 404:  # no such exposure: retrying cannot help
                     self.notice(
