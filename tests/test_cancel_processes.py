@@ -109,7 +109,7 @@ async def test_a_gone_holder_leaves_it_to_the_lease(shape, procs):
     """SIGKILLed mid-handler: a cancel is `requested` (and stays so: nobody confirms) while the lease
     lives; once it has expired, a cancel ends the message as it ends a pending one."""
     url, writer = shape
-    store, msg = await _running_message(procs, url, writer, lease_ms=3_000)
+    store, msg = await _running_message(procs, url, writer, lease_ms=15_000)  # outlives two CLI runs
     try:
         os.kill(procs.procs["w0"].pid, signals.SIGKILL)
         procs.procs["w0"].wait(10)
@@ -135,7 +135,7 @@ async def test_the_next_holder_of_a_message_whose_holder_is_gone_stops_it(shape,
         os.kill(procs.procs["w0"].pid, signals.SIGKILL)
         procs.procs["w0"].wait(10)
         assert _cancel_json(url, msg, reason="stop it")["requested"] == [msg]
-        procs.start("slow", "w1", url, lease_ms=3_000, sqlite_writer=writer)
+        procs.start("slow", "w1", url, lease_ms=6_000, sqlite_writer=writer)
         await procs.ready("w1")
         await until(_logged(procs, "cancelled", msg, "w1"), "w1 to stop it", 30)
 
@@ -144,7 +144,9 @@ async def test_the_next_holder_of_a_message_whose_holder_is_gone_stops_it(shape,
 
         await until(dead, "the message to end dead", timeout=10)
         detail = await ops.show(store, msg)
-        assert [(f.code, f.message, f.attempt) for f in detail.failures] == [("Cancelled", "stop it", 2)]
+        # attempt 2, or a later one of w1's on a machine slow enough to lose a lease
+        assert {(f.code, f.message) for f in detail.failures} == {("Cancelled", "stop it")}
+        assert detail.failures[-1].attempt >= 2 and detail.status == "dead"
         await procs.stop()
     finally:
         await store.close()

@@ -27,7 +27,7 @@ from .worker_store import WorkerStore
 log = logging.getLogger("engine.worker")
 
 CANCEL_POLL_S = 0.5  # without notices: a request reaches a running handler within about this
-CANCEL_TRUST_S = 5.0  # with live notices: read again at least this often while holding messages
+CANCEL_TRUST_S = 2.0  # with live notices: read again at least this often while holding messages
 CONFIRM_TRIES_AT_STOP = 3  # a stopping pool's last attempts to write its Cancelled outcomes
 
 
