@@ -67,13 +67,13 @@ class WorkerProcs:
 
     def start(self, mode: str, worker_id: str, url: str, lease_ms: int = 30_000,
               concurrency: int = 8, hold: bool = False, clock_skew_ms: int = 0,
-              heartbeat_s: float | None = None) -> subprocess.Popen:
+              heartbeat_s: float | None = None, sqlite_writer: str = "process") -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         log = open(self.dir / f"log-{worker_id}", "wb")
         proc = subprocess.Popen(
             [sys.executable, str(WORKER), mode, "--url", url, "--dir", str(self.dir), "--worker-id", worker_id,
              "--lease-ms", str(lease_ms), "--concurrency", str(concurrency),
-             "--clock-skew-ms", str(clock_skew_ms)] + (["--hold"] if hold else [])
+             "--clock-skew-ms", str(clock_skew_ms), "--sqlite-writer", sqlite_writer] + (["--hold"] if hold else [])
             + ([] if heartbeat_s is None else ["--heartbeat-s", str(heartbeat_s)]),
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()

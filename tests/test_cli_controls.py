@@ -84,12 +84,14 @@ def test_cancel_json_dry_run_skips_and_replay(db_url, shop):
     assert cli("--db", db_url, "cancel", "shop.email", ids["due"], "--all", "--yes").exit_code == 2
     assert cli("--db", db_url, "cancel", "shop.email", "no-such", "--yes").exit_code == 2
     dry = as_json(cli("--db", db_url, "--read-only", "cancel", "shop.email", "--all", "--dry-run", "--json"))
-    assert dry == {"cancelled": 0, "would_cancel": 2, "ids": [ids["due"], ids["waiting"]], "skipped": []}
+    assert dry == {"cancelled": 0, "would_cancel": 2, "ids": [ids["due"], ids["waiting"]], "skipped": [],
+                   "would_request": []}
     assert status_of(db_url, ids["due"]) == "pending"
 
     out = as_json(cli("--db", db_url, "cancel", "shop.email", ids["waiting"], ids["bad1"], "--yes", "--json",
                       "--reason", "wrong list"))
-    assert out == {"cancelled": 1, "ids": [ids["waiting"]], "skipped": [{"id": ids["bad1"], "status": "dead"}]}
+    assert out == {"cancelled": 1, "ids": [ids["waiting"]], "skipped": [{"id": ids["bad1"], "status": "dead"}],
+                   "requested": []}
     shown = as_json(cli("--db", db_url, "show", ids["waiting"], "--json"))
     assert shown["status"] == "dead" and shown["failures"][-1]["code"] == "Cancelled"
     assert shown["failures"][-1]["message"] == "wrong list"

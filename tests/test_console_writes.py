@@ -139,3 +139,42 @@ async def test_the_tail_save_counts_the_lines_when_it_saves(db_url, tmp_path: Pa
         await wait_for(pilot, lambda: "saved 13 lines to" in toast_text(app))
     saved = target.read_text().splitlines()
     assert len(saved) == 13 and '"late2"' in saved[-1]
+
+
+async def test_cancel_of_a_running_message_names_it_and_stops_its_handler(db_url):
+    """`x` on an inflight message under a live lease: the question names the id and key and says its
+    handler stops; confirmed, the holder (here, an app in this process) cancels the handler and the
+    message ends dead, Cancelled with the reason typed."""
+    import asyncio
+
+    from engine import flow, on, signal
+
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def slow(payload, fx):
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped.set()
+
+    jobs = signal.once("t.slow", retries=3)
+    on(jobs, flow("w.t.slow", do=slow))
+    async with oke("holder", database_url=db_url) as holder:
+        msg = await holder.emit(jobs, {"n": 1}, key="cust-17")
+        drain = asyncio.create_task(holder.drain(concurrency=1))
+        await asyncio.wait_for(started.wait(), 20)
+        app = ConsoleApp(db_url, refresh_s=0.2, actor="ana")
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            app.open_messages("t.slow", "inflight")
+            await wait_for(pilot, lambda: isinstance(app.screen, MessagesScreen) and msg in screen_text(app))
+            await pilot.press("x")
+            await wait_for(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen")
+            question = words(app)
+            assert f"Stop the running handler of {msg} (key cust-17) of t.slow?" in question, question
+            await pilot.press(*"runaway job", "enter")
+            await wait_for(pilot, lambda: "asked the worker of 1 running message(s) to stop" in toast_text(app))
+        await asyncio.wait_for(drain, 20)
+    assert stopped.is_set() and await status_of(db_url, msg) == "dead"
+    failure = (await with_store(db_url, lambda store: ops.show(store, msg))).failures[-1]
+    assert (failure.code, failure.message) == ("Cancelled", "runaway job")

@@ -106,7 +106,7 @@ async def test_a_live_signal_cannot_be_paused_and_an_unknown_one_is_named(db_url
 
 # ------------------------------------------------------------------------------------------- cancel
 
-async def test_cancel_ends_pending_messages_dead_and_skips_a_live_lease(db_url):
+async def test_cancel_ends_pending_messages_dead_and_asks_a_live_leases_holder_to_stop(db_url):
     async with one_message_held(db_url, "c.held") as (app, held):
         jobs = signal.once("c.more", retries=0)
         on(jobs)(flow("w.c.more", do=Recorder()))
@@ -123,12 +123,10 @@ async def test_cancel_ends_pending_messages_dead_and_skips_a_live_lease(db_url):
         done = await ops.cancel(app.store, "c.more", [due, later, lost], actor="ana", reason="bad batch")
         assert isinstance(done, ops.Cancelled)
         assert (done.cancelled, done.ids, done.skipped) == (3, [due, later, lost], [])
-        skipped = await ops.cancel(app.store, "c.held", [held], actor="ana", reason="x")
-        assert (skipped.cancelled, skipped.skipped) == (0, [ops.Skipped(id=held, status="inflight")])
-        everything = await ops.cancel(app.store, "c.held", all=True, actor="ana", reason="x")
-        assert (everything.cancelled, everything.skipped) == (0, [ops.Skipped(id=held, status="inflight")])
-        assert len(await ops.audit(app.store, action="cancel")) == 1  # a cancel that ended nothing is not audited
 
+        nothing = await ops.cancel(app.store, "c.more", all=True, actor="ana", reason="x")
+        assert (nothing.cancelled, nothing.skipped, nothing.requested) == (0, [], [])
+        assert len(await ops.audit(app.store, action="cancel")) == 1  # a cancel that changed nothing is not audited
         assert await statuses(app.store, due, later, lost, held) == ["dead", "dead", "dead", "inflight"]
         failure = (await ops.show(app.store, lost)).failures[-1]
         assert (failure.code, failure.message, failure.attempt) == ("Cancelled", "bad batch", 2)
@@ -139,6 +137,10 @@ async def test_cancel_ends_pending_messages_dead_and_skips_a_live_lease(db_url):
 
         replayed = await ops.replay(app.store, "c.more", [due], actor="ana")
         assert replayed.ids == [due] and await statuses(app.store, due) == ["pending"]
+
+        asked = await ops.cancel(app.store, "c.held", [held], actor="ana", reason="x")
+        assert (asked.cancelled, asked.skipped, asked.requested) == (0, [], [held])  # its handler is stopped
+        assert len(await ops.audit(app.store, action="cancel")) == 2  # the request is audited too
 
 
 async def test_cancel_all_of_a_key_and_its_dry_run(db_url):

@@ -51,6 +51,9 @@ class StoreDouble:
         self.fail: dict[str, list[Exception]] = {}
         self.paused: frozenset[str] = frozenset()
         self.notices: PauseNotices | None = None
+        self.requests: dict[str, str] = {}  # standing cancel requests: message id -> note
+        self.cancel_heard: PauseNotices | None = None
+        self.confirmed: list[Outcome] = []
         self.holds = True  # whether renewals find the message still this worker's
         self.handed_back: list[str] = []
         self.url = f"test://unit-{next(_urls)}"
@@ -101,6 +104,21 @@ class StoreDouble:
 
     def pause_notices(self) -> PauseNotices | None:
         return self.notices
+
+    async def cancel_requests(self) -> dict[str, str]:
+        self._call("cancel_requests")
+        return dict(self.requests)
+
+    async def confirm_cancelled(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        self._call("confirm_cancelled", [o.claimed.id for o in outcomes])
+        self.confirmed += outcomes
+        return [True] * len(outcomes)
+
+    def cancel_notices(self) -> PauseNotices | None:
+        return self.cancel_heard
+
+    def cancel_waker(self) -> Waker:
+        return Waker(self.url, "cancel\x1f")
 
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         self._call("renew", claimed.id)

@@ -26,7 +26,7 @@ from typing import Any
 from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
-from ..store.wake import wake_local
+from ..store.wake import CANCELS, wake_local
 from . import controls, keyheads, pausing, queries, repair, unbinding, verdict
 from . import doctor as _doctor
 from . import health as _health
@@ -534,17 +534,22 @@ async def cancel(
 ) -> Cancelled | CancelPreview:
     """End pending messages (due or not yet due) and inflight ones whose lease expired `dead`, each
     with a failure {code "Cancelled", message: reason, attempt}: kept and replayable. A message under
-    a live lease is skipped (reported with its status). Name `ids`, or pass `all=True` (`key`
-    narrows either). One transaction, audited; `dry_run` changes nothing."""
+    a live lease is asked to stop: its holder cancels the handler's task within about 2 s and ends it
+    the same way; until then it is reported under `requested` (a holder that is gone leaves it to
+    the lease: a cancel after that ends it). Name `ids`, or pass `all=True` (`key` narrows either).
+    One transaction, audited; `dry_run` changes nothing."""
     named = None if all else _named(ids, "cancel")
     if all and ids:
         raise ValueError("name message ids or pass all=True, not both")
     if dry_run:
         return await store.read(lambda conn: controls.cancel_preview(conn, signal, named, key=key))
     actor = actor or default_actor()
-    return await store.write(
+    done = await store.write(
         lambda conn: controls.cancel(conn, signal, named, key=key, actor=actor, reason=reason, source=source)
     )
+    if done.requested:
+        wake_local(store.url, CANCELS)  # this process's cancel watchers (others: NOTIFY, or their poll)
+    return done
 
 
 async def delete(

@@ -16,15 +16,15 @@ from typing import Any
 from sqlalchemy import Connection, and_, delete, func, or_, select, update
 from sqlalchemy.engine import Row
 
-from ..store import history, schema
+from ..store import cancels, history, schema
 from ..store.base import lease_clock_ms
-from ..store.sql.notify import notify_queues
+from ..store.cancels import CANCELLED
+from ..store.sql.notify import notify_cancel, notify_queues
 from . import queries
 from .records import Cancelled, CancelPreview, Deleted, Retried, Skipped, UnknownMessage
 from .repair import CHUNK, FINISHABLE, MAX_AUDIT_IDS, SAMPLE, default_actor, delete_rows_of, write_audit
 
 m = schema.messages
-CANCELLED = "Cancelled"  # the failure code of a message an operator cancelled
 
 
 def _chunks(ids: Sequence[str]) -> list[list[str]]:
@@ -109,15 +109,18 @@ def _cancel_where(signal: str, ids: Sequence[str] | None, key: str | None, now: 
     return wheres
 
 
-def _leased(conn: Connection, signal: str, key: str | None, now: int) -> list[Skipped]:
-    """Messages of `signal` (of `key`) under a live lease: what `cancel --all` leaves to finish."""
-    conds = [m.c.signal == signal, m.c.status == "inflight", m.c.lease_expires_at >= now]
-    if key is not None:
-        conds.append(m.c.key == key)
-    return [
-        Skipped(id=r.id, status=r.status)
-        for r in conn.execute(select(m.c.id, m.c.status).where(*conds).order_by(m.c.seq))
-    ]
+def _running(conn: Connection, signal: str, ids: Sequence[str] | None, key: str | None, now: int) -> list[str]:
+    """The messages of `signal` (named, or all; of `key`) inflight under a live lease, in seq order:
+    the ones whose holder `cancel` asks to stop."""
+    found: list[tuple[int, str]] = []
+    for chunk in [None] if ids is None else _chunks(ids):
+        conds = [m.c.signal == signal, m.c.status == "inflight", m.c.lease_expires_at >= now]
+        if key is not None:
+            conds.append(m.c.key == key)
+        if chunk is not None:
+            conds.append(m.c.id.in_(chunk))
+        found += [(r.seq, r.id) for r in conn.execute(select(m.c.seq, m.c.id).where(*conds))]
+    return [message_id for _seq, message_id in sorted(found)]
 
 
 def cancel(
@@ -131,7 +134,8 @@ def cancel(
     source: str | None = None,
 ) -> Cancelled:
     """pending (due or not) and lease-expired inflight messages → dead with code "Cancelled"
-    (replayable); a message under a live lease is skipped. `ids=None`: every one of `signal` (of `key`)."""
+    (replayable); a message under a live lease gets a request to stop that its holder carries out
+    (engine/store/cancels.py), reported under `requested`. `ids=None`: every one of `signal` (of `key`)."""
     if ids is not None:
         statuses_of(conn, signal, ids)
     else:
@@ -140,10 +144,19 @@ def cancel(
     now = lease_clock_ms(conn)
     note = reason or f"cancelled by {actor}"
     done = end_dead(conn, _cancel_where(signal, ids, key, now), code=CANCELLED, note=note, now=now)
-    skipped = _skipped(conn, signal, ids, done) if ids is not None else _leased(conn, signal, key, now)
-    if done:
-        write_audit(conn, "cancel", actor, signal, done[:MAX_AUDIT_IDS], reason, count=len(done), at=now, source=source)
-    return Cancelled(cancelled=len(done), ids=done, skipped=skipped)
+    cancels.drop(conn, done)
+    requested = _running(conn, signal, ids, key, now)
+    if requested:
+        cancels.request(conn, [(i, signal) for i in requested], at=now, actor=actor, note=note)
+        notify_cancel(conn)
+    cancels.prune(conn)
+    skipped = _skipped(conn, signal, ids, done + requested) if ids is not None else []
+    changed = done + requested
+    if changed:
+        write_audit(
+            conn, "cancel", actor, signal, changed[:MAX_AUDIT_IDS], reason, count=len(changed), at=now, source=source
+        )
+    return Cancelled(cancelled=len(done), ids=done, skipped=skipped, requested=requested)
 
 
 def cancel_preview(conn: Connection, signal: str, ids: Sequence[str] | None, *, key: str | None) -> CancelPreview:
@@ -157,14 +170,15 @@ def cancel_preview(conn: Connection, signal: str, ids: Sequence[str] | None, *, 
     for where in _cancel_where(signal, ids, key, now):
         total += int(conn.execute(select(func.count()).select_from(m).where(where)).scalar() or 0)
         sample += [r[0] for r in conn.execute(select(m.c.id).where(where).order_by(m.c.seq).limit(SAMPLE))]
+    running = _running(conn, signal, ids, key, now)
     if ids is not None:
         would = {
             r[0] for where in _cancel_where(signal, ids, key, now) for r in conn.execute(select(m.c.id).where(where))
         }
-        skipped = _skipped(conn, signal, ids, list(would))
+        skipped = _skipped(conn, signal, ids, list(would) + running)
     else:
-        skipped = _leased(conn, signal, key, now)
-    return CancelPreview(cancelled=0, would_cancel=total, ids=sample[:SAMPLE], skipped=skipped)
+        skipped = []
+    return CancelPreview(cancelled=0, would_cancel=total, ids=sample[:SAMPLE], skipped=skipped, would_request=running)
 
 
 def delete_finished(

@@ -340,12 +340,14 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Cancelled:
-    """`ids`: the messages that ended dead with code "Cancelled"; `skipped`: named (or, with
-    --all, leased) ones left alone."""
+    """`ids`: the messages that ended dead with code "Cancelled"; `skipped`: named ones left alone
+    (finished already); `requested`: ones under a live lease whose holder is asked to stop their
+    handler (it ends them dead, Cancelled, within about 2 s; until then a cancel reports them here)."""
 
     cancelled: int
     ids: list[str]
     skipped: list[Skipped]
+    requested: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,7 @@ class CancelPreview:
     would_cancel: int
     ids: list[str]
     skipped: list[Skipped]
+    would_request: list[str] = field(default_factory=list)  # every running one: its holder would be asked to stop
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from .. import payloads
 from ..ids import now_ms
 from ..signals import declared
-from ..store import schema, search_index
+from ..store import cancels, schema, search_index
 from ..store.sql.notify import notify_queues
 from . import queries
 from .records import REPLAYED, Purged, PurgePreview, ReplayPreview, UnknownMessage
@@ -248,6 +248,8 @@ def replay(
     ids = [d[1] for d in done]
     if not ids:
         return ReplayBatch(ids=[], queues=[])
+    for start in range(0, len(ids), CHUNK):  # a replayed message starts a new life: no old request stops it
+        cancels.drop(conn, ids[start : start + CHUNK])
     replaced = payload_text is not None
     _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=replaced, now=now, source=source)
     queues = sorted({d[2] for d in done})

@@ -20,7 +20,7 @@ from . import counts, migrations, pauses, schema, search_index
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
 from .sql.notify import notify_queues
-from .wake import PauseNotices, Waker, wake_local
+from .wake import CANCELS, PauseNotices, Waker, wake_local
 
 T = TypeVar("T")
 
@@ -158,6 +158,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: migrations.add_audit_source,  # 5 -> 6: where an audited write came from (okconsole web)
     6: migrations.add_failure_traceback,  # 6 -> 7: each failure's traceback
     7: migrations.add_search_index,  # 7 -> 8: the text index behind search, filled in the background
+    8: migrations.add_cancel_requests,  # 8 -> 9: operators' requests to stop a running handler
 }
 
 
@@ -230,6 +231,29 @@ class Store(abc.ABC):
         """Where this process hears of pause changes as they commit; None where it cannot (SQLite:
         its workers re-read the paused set every PAUSE_REFRESH_S)."""
         return None
+
+    async def cancel_requests(self) -> dict[str, str]:
+        """The standing requests to stop a handler (message id → note): a worker holding messages
+        reads them now and then (engine/worker/cancelling.py), never on a claim or a settle."""
+        from . import cancels  # it builds on this module's records
+
+        return await self.read(cancels.requested)
+
+    async def confirm_cancelled(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
+        """End the messages of these stopped attempts dead (code Cancelled), fenced like a settle;
+        per outcome, whether this worker still held it."""
+        from . import cancels
+
+        return await self.write(lambda conn: cancels.confirm(conn, worker_id, outcomes))
+
+    def cancel_notices(self) -> PauseNotices | None:
+        """Where this process hears of cancel requests as they commit (PostgreSQL's LISTEN); None
+        where it cannot: its workers re-read the requests every CANCEL_POLL_S while they hold any."""
+        return None
+
+    def cancel_waker(self) -> Waker:
+        """Woken by a cancel request committed in this process (and, on PostgreSQL, in any other)."""
+        return Waker(self.url, CANCELS)
 
     # Where an emit may hand its message straight to an idle worker of any process, which then
     # skips its claim (PostgreSQL: engine/store/sql/handoff.py). Elsewhere the methods below do nothing.

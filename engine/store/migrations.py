@@ -91,3 +91,9 @@ def add_search_index(conn: Connection) -> None:
     fills it from the existing messages in batches, and searches scan in windows until it has
     caught up. A store that cannot have one (no pg_trgm) keeps working and searching as before."""
     search_index.install(conn)
+
+
+def add_cancel_requests(conn: Connection) -> None:
+    """8 -> 9: the table of requests to stop a running handler (oke_cancels), empty. create_all
+    makes it before the steps run; this step makes it again only where it is missing."""
+    schema.cancels.create(conn, checkfirst=True)

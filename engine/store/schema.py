@@ -22,7 +22,8 @@ from sqlalchemy.engine import Dialect
 # 7: failures' traceback (the handler's, its last 8 KiB)
 # 8: the text index behind the console's search (store/search_index.py: FTS5 or pg_trgm), outside
 #    this metadata, and its high-water marks in oke_meta
-SCHEMA_VERSION = 8
+# 9: operators' requests to stop a running handler (oke_cancels, a new table: store/cancels.py)
+SCHEMA_VERSION = 9
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -128,6 +129,20 @@ pauses = Table(
     metadata,
     Column("signal", Name(200), primary_key=True),
     Column("paused_at", BigInteger, nullable=False),
+    Column("actor", Name(200), nullable=False),
+    Column("reason", Text),
+)
+
+
+# An operator's request to stop a message's running handler (engine/store/cancels.py): the holder's
+# worker cancels the handler and ends the message dead, deleting the row in that transaction. A
+# row stands while the message is pending or inflight; `cancel` prunes the rest.
+cancels = Table(
+    "oke_cancels",
+    metadata,
+    Column("message_id", Name(40), primary_key=True),
+    Column("signal", Name(200), nullable=False),
+    Column("requested_at", BigInteger, nullable=False),
     Column("actor", Name(200), nullable=False),
     Column("reason", Text),
 )

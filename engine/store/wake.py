@@ -22,6 +22,7 @@ import os
 import threading
 
 WORK = ""  # the topic of the workers' queues
+CANCELS = "cancel\x1f"  # the topic of the workers' cancel watchers: a request to stop a handler
 _TAPE = "tape\x1f"
 WAL_POLL_S = 0.02
 POOLED_POLL_S = 0.5  # a Poller's tick: the longest a message waits for an idle worker it did not wake

@@ -2,7 +2,8 @@
 
 The parts and what each owns (docs/architecture.md has the table): the claimer (claims in flight),
 the runner (the slots, held messages and the line of claimed ones waiting), the settler (pending
-outcomes), the pause watcher (the paused set), the hand-off offer (the standing offer to emits).
+outcomes), the pause watcher (the paused set), the cancel watcher (operators' requests to stop a
+running handler), the hand-off offer (the standing offer to emits).
 The pool holds no state of its own beyond them; it starts the claim lanes and the settlers, and on
 the way out lets running handlers finish (or cancels them) and settles what they left.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import asyncio
 
 from ..runtime import Runtime
+from ..store import Outcome
 from ..store.wake import Waker
+from .cancelling import CancelWatcher
 from .claiming import Claimer
 from .handoff import HandoffOffer
 from .pausing import PauseWatcher
@@ -35,7 +38,8 @@ class WorkerPool:
         self._queues = sorted(routes)
         self._lanes = max(1, store.concurrent_claims)
         self.settler = Settler(store, runtime.worker_id, self._handlers_running)
-        self.runner = Runner(runtime, store, routes, concurrency, self.settler.add)
+        self.runner = Runner(runtime, store, routes, concurrency, self.settler.add, self._stopped)
+        self.cancels = CancelWatcher(store, runtime.worker_id, self.runner)
         self.pauses = PauseWatcher(store, routes)
         self.offer = HandoffOffer(store, runtime, self.pauses, self.runner, self._wants_work)
         self.claimer = Claimer(
@@ -50,6 +54,9 @@ class WorkerPool:
     def _handlers_running(self) -> bool:
         return self.runner.busy()
 
+    def _stopped(self, outcome: Outcome) -> None:
+        self.cancels.confirm(outcome)
+
     def _wants_work(self) -> bool:
         return self.claimer.wants_work()
 
@@ -63,6 +70,7 @@ class WorkerPool:
         # the outcomes that finish meanwhile.
         settlers = [asyncio.create_task(self.settler.run(), name="oke-settler") for _ in range(self._lanes)]
         stop_wakes = asyncio.create_task(self._wake_on_stop(wakers), name="oke-stop-wakes")
+        cancels = asyncio.create_task(self.cancels.run(), name="oke-cancel-watch")
         runner = self.runner
         try:
             await self._run_lanes(wakers, until_idle)
@@ -86,7 +94,8 @@ class WorkerPool:
             for waker in wakers:
                 waker.close()
             self.settler.stop()
-            await asyncio.gather(*settlers)
+            self.cancels.stop()  # after the handlers: their Cancelled outcomes are written first
+            await asyncio.gather(*settlers, cancels)
 
     async def _wake_on_stop(self, wakers: list[Waker]) -> None:
         """A lane waiting for work waits on its waker alone: a stop ends that wait this way."""

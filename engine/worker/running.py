@@ -11,7 +11,8 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .. import payloads
 from ..failures import failure_code, failure_message, failure_traceback
@@ -19,6 +20,7 @@ from ..fx import Fx
 from ..ids import new_id, now_ms
 from ..runtime import Runtime
 from ..store import Claimed, Outcome
+from ..store.cancels import CANCELLED
 from .averages import ewma
 from .claim_ahead import WaitingLine
 from .invoking import call_handler, call_within_timeout
@@ -42,12 +44,14 @@ class Runner:
         routes: dict[str, Route],
         concurrency: int,
         record: Callable[[Outcome], None],
+        stopped: Callable[[Outcome], None],
     ) -> None:
         self._runtime = runtime
         self._hooks = runtime.hooks  # counts and traces each run (engine/telemetry/hooks.py)
         self._routes = routes
         self._concurrency = concurrency
         self._record = record
+        self._stopped = stopped  # an attempt an operator stopped: its Cancelled outcome (cancelling.py)
         self._line = WaitingLine(store, runtime.worker_id, runtime.lease_ms, self._dropped)
         # Tasks running handlers; while any message waits for a slot, all `concurrency` slots are
         # taken by handlers in these tasks, which start it when one ends.
@@ -57,6 +61,10 @@ class Runner:
         self._handler_s = 0.0  # moving average; 0 until measured (no claiming ahead before that)
         self._slot_free = asyncio.Event()
         self.handler_done = asyncio.Event()  # a handler task ended (set here; a drain waits on it and clears it)
+        # The task running each message's handler now (a task runs one handler at a time while it
+        # waits), and the running ones an operator asked to stop, with the note their attempt ends with.
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self._asked: dict[str, str] = {}
 
     @property
     def held(self) -> int:
@@ -67,6 +75,20 @@ class Runner:
     def handler_s(self) -> float:
         """The moving average of a handler's time (0 until one ended): sizes claims ahead."""
         return self._handler_s
+
+    def stop_running(self, requests: Mapping[str, str]) -> list[str]:
+        """Cancel the task of each running handler `requests` names (message id → note), once: its
+        attempt then ends Cancelled with that note, however the handler ends (cancelling.py). A
+        message not running here is left alone: its handler ended first (the request is void for
+        that attempt), or it runs elsewhere, or it has not started (the next read finds it running)."""
+        stopped = []
+        for message_id, note in requests.items():
+            task = self._running.get(message_id)
+            if task is not None and message_id not in self._asked:
+                self._asked[message_id] = note
+                task.cancel()
+                stopped.append(message_id)
+        return stopped
 
     def busy(self) -> bool:
         """Whether a handler task still runs."""
@@ -173,6 +195,8 @@ class Runner:
         code = message = trace = None
         error: BaseException | None = None
         watch = self._hooks.begin(route, claimed, fx)
+        running = self._running
+        running[claimed.id] = asyncio.current_task()  # type: ignore[assignment]  # always in a task
         try:
             value = payloads.decode(route.signal, claimed.payload)
             timeout_s = route.flow.timeout_s
@@ -186,7 +210,7 @@ class Runner:
             ok = True
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if task is None or task.cancelling():
+            if claimed.id not in self._asked and (task is None or task.cancelling()):
                 raise  # stopping: leave the message inflight, reclaimable after its lease
             # the handler's own code raised it (it awaited something cancelled): a failure
             ok, error = False, exc
@@ -195,25 +219,29 @@ class Runner:
             ok, error = False, exc
             code, message, trace = failure_code(exc), failure_message(exc), failure_traceback(exc)
         finally:
+            del running[claimed.id]
             self._held -= 1  # ended, with an outcome or (stopping) without one
         carried = None if watch is None else self._hooks.end(watch, route, claimed, error)  # metrics, tracing
+        if self._asked and (note := self._asked.pop(claimed.id, None)) is not None:
+            self._end_stopped(claimed, fx.run_id, route, started, note, error)
+            return
         backoff = route.signal.backoff
         retry_in = backoff.delay_after(claimed.attempts) if backoff is not None and not ok else None
-        self._record(
-            Outcome(
-                claimed,
-                fx.run_id,
-                route.flow.name or "",
-                ok,
-                started,
-                now_ms(),
-                code,
-                message,
-                carried,
-                retry_in,
-                trace,
-            )
-        )
+        name = route.flow.name or ""
+        self._record(Outcome(claimed, fx.run_id, name, ok, started, now_ms(), code, message, carried, retry_in, trace))
+
+    def _end_stopped(
+        self, claimed: Claimed, run_id: str, route: Route, started: int, note: str, error: BaseException | None
+    ) -> None:
+        """An attempt an operator stopped ends Cancelled, however its handler ended: raising the
+        cancel, swallowing it and returning, or failing on the way out. Its task's cancel request
+        is spent here, so the next handler this task runs is not cancelled by it."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            task.uncancel()
+        trace = failure_traceback(error) if error is not None else None
+        flow = route.flow.name or ""
+        self._stopped(Outcome(claimed, run_id, flow, False, started, now_ms(), CANCELLED, note, None, None, trace))
 
     async def hand_back_waiting(self) -> None:
         """At a clean stop: the messages still waiting for a slot go back to pending now (their

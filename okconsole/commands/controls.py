@@ -150,8 +150,9 @@ def cancel(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Cancel pending messages (due or not yet due): they end dead with failure code Cancelled (the
-    reason as its message), kept and replayable. A message under a live lease is skipped; one whose
-    lease expired is cancelled."""
+    reason as its message), kept and replayable. A running one (under a live lease) is asked to stop:
+    its worker cancels the handler within about 2 s and ends it the same way (--json: `requested`
+    until then); one whose lease expired is cancelled."""
     state = state_of(ctx, db)
     if all_ and ids:
         fail(2, "name message ids or pass --all, not both")
@@ -167,14 +168,31 @@ def cancel(
         return
     why = _ask_first(state, "cancel", yes, reason, lambda: _cancel_question(state, signal, call(True)))
     result = run(state, call(False, why))
-    _report(result, as_json, lambda: _done_lines("Cancelled", "message", signal, result.ids, result.skipped))
+    _report(result, as_json, lambda: _cancelled_lines(signal, result))
+
+
+def _cancelled_lines(signal: str, result: ops.Cancelled) -> list[str]:
+    lines = _done_lines("Cancelled", "message", signal, result.ids, result.skipped)
+    if result.requested:
+        lines.append(
+            f"Asked the worker of {len(result.requested)} running message(s) to stop its handler "
+            "(it ends them dead, code Cancelled, within about 2 s):"
+        )
+        lines += [f"  {rich_markup(msg_id)}" for msg_id in result.requested[:SHOWN]]
+        if len(result.requested) > SHOWN:
+            lines.append(f"  … and {len(result.requested) - SHOWN} more")
+    return lines
 
 
 def _cancel_question(state: State, signal: str, preview: Callable[[ops.Store], Awaitable[Any]]) -> str | None:
     found = run(state, preview)
-    if not found.would_cancel:
+    running = len(found.would_request)
+    if not found.would_cancel and not running:
         return None
-    return f"Cancel {found.would_cancel} message(s) of {signal}? They end dead (code Cancelled), replayable."
+    text = f"Cancel {found.would_cancel} message(s) of {signal}? They end dead (code Cancelled), replayable."
+    if running:
+        text += f" {running} running: their handlers are cancelled."
+    return text
 
 
 def _preview_lines(signal: str, preview: ops.CancelPreview) -> list[str]:
@@ -183,6 +201,7 @@ def _preview_lines(signal: str, preview: ops.CancelPreview) -> list[str]:
         more = " …" if preview.would_cancel > len(preview.ids) else ""
         lines.append("  " + rich_markup(", ".join(preview.ids)) + more)
     lines += [f"Would skip {s.id}: it is {s.status}" for s in preview.skipped]
+    lines += [f"Would ask the worker running {msg_id} to stop its handler" for msg_id in preview.would_request]
     return lines
 
 

@@ -106,7 +106,7 @@ SUMMARIES: dict[str, str] = {
     "purge": "Delete finished messages of a signal.",
     "pause": "Pause a signal: no worker claims its messages.",
     "resume": "Resume a paused signal.",
-    "cancel": "Cancel pending messages: they end dead, replayable.",
+    "cancel": "Cancel pending or running messages: they end dead, replayable.",
     "delete": "Delete finished messages by id.",
     "retry": "Make messages waiting for their run_at due now.",
     "bindings": "List every recorded binding and whether it is active.",

@@ -82,8 +82,6 @@ def not_offered(verb: str, msg_id: str, facts: RowFacts | None) -> str | None:
     status = facts.status
     if verb == "cancel" and status in ("delivered", "dead"):
         return f"{msg_id} is {status}: nothing to cancel"
-    if verb == "cancel" and facts.leased:
-        return f"{msg_id} is inflight under a live lease: its worker has it, nothing to cancel"
     if verb == "retry" and status == "pending" and not facts.waiting:
         return f"{msg_id} is pending and already due: nothing to retry"
     if verb == "retry" and status != "pending":
@@ -92,6 +90,20 @@ def not_offered(verb: str, msg_id: str, facts: RowFacts | None) -> str | None:
     if verb == "delete" and status not in ("delivered", "dead"):
         return f"{msg_id} is {status}: only delivered or dead messages are deleted"
     return None
+
+
+# What the question says of one running message: its holder is asked to stop it (ops.cancel).
+STOP_RUNNING = (
+    "Stop the running handler of {it} of $signal? Its worker cancels the handler; it ends dead "
+    "(code Cancelled) and stays replayable."
+)
+
+
+def question_one(control: Control, facts: RowFacts | None) -> str:
+    """The question's template for one message: cancelling a running one says that its handler stops."""
+    if control.verb == "cancel" and facts is not None and facts.leased:
+        return STOP_RUNNING
+    return f"{control.label} {{it}} of $signal? {control.effect_one}"
 
 
 def one_message(template: str, msg_id: str, key: str | None, **values: Any) -> Content:
@@ -137,12 +149,7 @@ class MessageControls(ConsoleScreen):
             if why is not None:
                 self.notify(why, severity="warning")
                 return
-            question = one_message(
-                f"{control.label} {{it}} of $signal? {control.effect_one}",
-                ids[0],
-                facts.key if facts else None,
-                signal=signal,
-            )
+            question = one_message(question_one(control, facts), ids[0], facts.key if facts else None, signal=signal)
         else:
             question = content(f"{control.label} {len(ids)} messages of $signal? {control.effect}", signal=signal)
 
@@ -195,6 +202,9 @@ class MessageControls(ConsoleScreen):
 def report_text(control: Control, signal: str, result: Any) -> str:
     """ "cancelled 2 message(s) of SIGNAL", then what was skipped and why."""
     text = f"{control.done} {getattr(result, control.done)} message(s) of {signal}"
+    requested = getattr(result, "requested", [])
+    if requested:
+        text += f"; asked the worker of {len(requested)} running message(s) to stop: " + ", ".join(requested[:5])
     for s in result.skipped[:5]:
         text += f"; skipped {s.id} ({s.status})"
     if len(result.skipped) > 5:

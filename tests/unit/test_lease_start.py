@@ -93,7 +93,7 @@ class Run:
         self.outcomes: list[Any] = []
         routes = {QUEUE: Route(jobs, flow("unit.w", do=handle))}
         store: Any = self.store
-        self.runner = Runner(runtime, store, routes, 1, self.outcomes.append)
+        self.runner = Runner(runtime, store, routes, 1, self.outcomes.append, self.outcomes.append)
         self.offer = HandoffOffer(store, runtime, PauseWatcher(store, routes), self.runner, lambda: False)
 
     async def claim(self, *names: str) -> None:

@@ -16,6 +16,8 @@ with O_APPEND (one os.write per line, so lines from several processes never inte
     lease   signal "lease":  DIR/events (shared) "S|E <msg_id> <attempt> <ID> <epoch_ms> <locked_by>
             <attempts> <lease_expires_at>" (the last three read from the row at handler start, "-" on E);
             attempt 1 of a message whose n % 10 == 0 sleeps past the lease
+    slow    signal "slow":   DIR/events (shared) "start|cancelled|finally|end <msg_id> <attempt> <ID> <epoch_ms>";
+            sleeps payload["sleep"] seconds; with payload["swallow"] it swallows a cancel and returns
 """
 from __future__ import annotations
 
@@ -104,6 +106,24 @@ def declare(mode: str, out: Path, me: str, lease_ms: int, url: str) -> None:
                 await asyncio.sleep(random.random() * 0.01)
             log("E", fx.message_id, fx.attempt, me, now_ms(), "-", "-", "-")
 
+    elif mode == "slow":
+        log = appender(out / "events")
+        slow = signal.once("slow", retries=3)
+
+        @on(slow)
+        @flow("workers.slow")
+        async def handle_slow(payload, fx):
+            log("start", fx.message_id, fx.attempt, me, now_ms())
+            try:
+                await asyncio.sleep(payload["sleep"])
+            except asyncio.CancelledError:
+                log("cancelled", fx.message_id, fx.attempt, me, now_ms())
+                if not payload.get("swallow"):
+                    raise
+            finally:
+                log("finally", fx.message_id, fx.attempt, me, now_ms())
+            log("end", fx.message_id, fx.attempt, me, now_ms())
+
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
@@ -120,6 +140,7 @@ async def main() -> None:
     parser.add_argument("--clock-skew-ms", type=int, default=0,
                         help="run as on a machine whose wall clock is this far ahead")
     parser.add_argument("--heartbeat-s", type=float, default=5.0, help="the worker heartbeat interval")
+    parser.add_argument("--sqlite-writer", default="process", help="where a SQLite store writes")
     args = parser.parse_args()
     if args.clock_skew_ms:
         real_time = time.time
@@ -127,7 +148,7 @@ async def main() -> None:
 
     declare(args.mode, args.dir, args.worker_id, args.lease_ms, args.url)
     app = oke(f"worker-{args.mode}", database_url=args.url, lease_ms=args.lease_ms,
-              worker_id=args.worker_id, worker_heartbeat_s=args.heartbeat_s)
+              worker_id=args.worker_id, worker_heartbeat_s=args.heartbeat_s, sqlite_writer=args.sqlite_writer)
     stop_file = args.dir / "stop"
 
     async def watch_stop() -> None:

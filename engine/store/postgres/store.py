@@ -52,9 +52,16 @@ from ..sql.handoff import (
     WITHDRAW,
     take_notice,
 )
-from ..sql.notify import PAUSE_CHANNEL, POSTGRES_WAKE_QUEUES, TAPE_CHANNEL, WORK_CHANNEL, tape_of_notice
+from ..sql.notify import (
+    CANCEL_CHANNEL,
+    PAUSE_CHANNEL,
+    POSTGRES_WAKE_QUEUES,
+    TAPE_CHANNEL,
+    WORK_CHANNEL,
+    tape_of_notice,
+)
 from ..sql.settle import POSTGRES_ACK_ROWS_PER_STATEMENT, POSTGRES_ACK_WITH_RUNS, POSTGRES_FAIL, POSTGRES_RUNS
-from ..wake import POOLED_POLL_S, PauseNotices, Poller, Waker, tape_topic, wake_local, wake_tapes
+from ..wake import CANCELS, POOLED_POLL_S, PauseNotices, Poller, Waker, tape_topic, wake_local, wake_tapes
 from .hot import HotConnections
 from .pooler import (
     KNOB,
@@ -389,6 +396,10 @@ class PostgresStore(Store):
     def pause_notices(self) -> PauseNotices | None:
         """Heard on the workers' LISTEN connection, once a waker started it."""
         return None if self._listener is None else self._listener.pauses
+
+    def cancel_notices(self) -> PauseNotices | None:
+        """Cancel requests heard on the workers' LISTEN connection, once a waker started it."""
+        return None if self._listener is None else self._listener.cancels
 
     hands_off = True  # unless no LISTEN connection can be had (__init__)
 
@@ -738,7 +749,11 @@ class _Listener:
         self.ready = asyncio.Event()
         # Extra channels (pauses, live tapes); CHANNEL itself wakes the workers.
         self.pauses = PauseNotices(self.ready)
-        self.channels: dict[str, Callable[[str], None]] = {PAUSE_CHANNEL: self._on_pause}
+        self.cancels = PauseNotices(self.ready)  # the same bookkeeping, for requests to stop a handler
+        self.channels: dict[str, Callable[[str], None]] = {
+            PAUSE_CHANNEL: self._on_pause,
+            CANCEL_CHANNEL: self._on_cancel,
+        }
         self.listening: set[str] = set()
         self.listen_lock = asyncio.Lock()
 
@@ -754,6 +769,11 @@ class _Listener:
         their next claim, which this wake-up brings about (a resume's queues may be claimable)."""
         self.pauses.heard()
         wake_local(self.url)
+
+    def _on_cancel(self, _payload: str) -> None:
+        """A handler is asked to stop (or the connection is back): the cancel watchers read the requests."""
+        self.cancels.heard()
+        wake_local(self.url, CANCELS)
 
     def _on_channel(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
         callback = self.channels.get(channel)

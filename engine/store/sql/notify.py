@@ -15,6 +15,7 @@ from sqlalchemy import Connection, text
 WORK_CHANNEL = "oke_wake"
 TAPE_CHANNEL = "oke_tape"
 PAUSE_CHANNEL = "oke_pause"  # a pause or resume committed: workers re-read the paused set
+CANCEL_CHANNEL = "oke_cancel"  # a request to stop a running handler committed: its holder reads it
 
 # -- PostgreSQL (asyncpg, the settle): $1 the queues made eligible again.
 POSTGRES_WAKE_QUEUES = "SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) AS q"
@@ -22,6 +23,8 @@ POSTGRES_WAKE_QUEUES = "SELECT pg_notify('oke_wake', q) FROM unnest($1::text[]) 
 POSTGRES_WAKE_QUEUE = "SELECT pg_notify('oke_wake', :q)"
 # -- PostgreSQL (SQLAlchemy, pause and resume): the signal whose pause changed.
 POSTGRES_PAUSE_CHANGED = "SELECT pg_notify('oke_pause', :s)"
+# -- PostgreSQL (SQLAlchemy, cancel): no payload, the workers read the requests.
+POSTGRES_CANCEL_REQUESTED = "SELECT pg_notify('oke_cancel', '')"
 # -- PostgreSQL (SQLAlchemy, a tape append): channel and "<head> <signal>".
 POSTGRES_WAKE_TAPE = "SELECT pg_notify(:c, :p)"
 
@@ -38,6 +41,12 @@ def notify_pause(conn: Connection, signal: str) -> None:
     """On PostgreSQL, tell every process's workers that `signal`'s pause changed, when this commits."""
     if conn.dialect.name == "postgresql":
         conn.execute(text(POSTGRES_PAUSE_CHANGED), {"s": signal})
+
+
+def notify_cancel(conn: Connection) -> None:
+    """On PostgreSQL, tell every process's workers that a handler is asked to stop, when this commits."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text(POSTGRES_CANCEL_REQUESTED))
 
 
 def notify_tape(conn: Connection, signal: str, head: int) -> None:
