@@ -217,13 +217,15 @@ class OkeApp:
         parent_run_id: str | None = None,
         emitter: str | None = None,
         conn: AsyncConnection | None = None,
+        dedupe_for: object = None,
     ) -> str:
         """Validate and store a message; returns its id once committed (OKE1240, OKE1250). With
         `conn=`, it is written in the caller's transaction and exists iff that commits. With a
-        `dedupe` key held by a pending or inflight message, stores nothing and returns that one's id."""
+        `dedupe` key held by a pending or inflight message, stores nothing and returns that one's id;
+        `dedupe_for="24h"` keeps the key held that long after this message finished."""
         store = self._require_store()
         target = self._resolve(signal)
-        options = emit_options(target, delay, at, dedupe, priority)
+        options = emit_options(target, delay, at, dedupe, priority, dedupe_for=dedupe_for)
         caller = self._caller(target, conn, "emit")
         check_emit_key(target, key)
         encoded = payloads.encode(target, payload, self.max_payload_bytes)

@@ -91,3 +91,10 @@ def add_search_index(conn: Connection) -> None:
     fills it from the existing messages in batches, and searches scan in windows until it has
     caught up. A store that cannot have one (no pg_trgm) keeps working and searching as before."""
     search_index.install(conn)
+
+
+def add_windows_and_clocks(conn: Connection) -> None:
+    """8 -> 9: dedupe keys held for a window (oke_dedupe_holds) and the clocks apps declared
+    (oke_clocks). Both are new tables, which create_all has made before this step runs; nothing
+    of an older store changes."""
+    del conn
