@@ -28,7 +28,7 @@ COLUMNS = [
     Col("tz", "TZ", 60),
     Col("last_id", "Last message", 30),
 ]
-LEGEND = "Enter: the clock's messages · pause / resume take its signal, clock.<flow> (p on the overview)"
+LEGEND = "Enter: the clock's messages · pause / resume take its signal, clock.<flow>"
 
 
 def clock_cells(c: ops.ClockInfo) -> list[Any]:
