@@ -23,7 +23,7 @@ from .store.outage import describe, is_outage
 
 log = logging.getLogger("engine.clocks")
 RECHECK_S = 30.0  # a sleep until the next tick looks at the wall clock again at least this often
-RETRY_S = 1.0  # a tick the store did not take is tried again this often, until the next tick is due
+RETRY_S = 0.2  # a tick the store did not take is tried again this often, until the next tick is due
 
 Emit = Callable[..., Awaitable[str]]
 
@@ -57,7 +57,13 @@ class ClockRunner:
         at = schedule.next_after(now)
         while await self._sleep_until(at):
             await self.tick(sig, schedule, at)
-            at = schedule.next_after(max(at, self._now()))  # ticks missed while stalled are skipped
+            at = self._after(schedule, at)
+
+    def _after(self, schedule: Schedule, at: int) -> int:
+        """The tick to emit after `at`: the next one, or when a slow emit or a stalled loop let later
+        ticks pass meanwhile, the latest of those at once (the ones before it are skipped)."""
+        latest = schedule.latest_at_or_before(self._now())
+        return latest if latest is not None and latest > at else schedule.next_after(at)
 
     async def _sleep_until(self, at: int) -> bool:
         """Wait until `at` by this machine's clock; False when the app stops first."""

@@ -139,3 +139,13 @@ async def test_the_runner_emits_each_tick_with_its_time_as_dedupe_key_skips_paus
     assert await runner.tick(ticks, Every(2_000), 6_000) == "msg_2"  # tried again until the store answered
     store.away, now[0] = 5, 8_000  # the next tick is due: this one is given up
     assert await runner.tick(ticks, Every(2_000), 6_000) is None and len(emitted) == 2
+
+
+def test_after_a_slow_emit_the_runner_emits_the_latest_tick_that_passed_and_skips_older_ones():
+    now = [1_200]
+    runner = ClockRunner(_Store(), None, {}, asyncio.Event(), clock=lambda: now[0])  # type: ignore[arg-type]
+    assert runner._after(Every(1_000), 1_000) == 2_000  # on time: the next one
+    now[0] = 2_400
+    assert runner._after(Every(1_000), 1_000) == 2_000  # tick 2000 passed during the emit: at once
+    now[0] = 9_700
+    assert runner._after(Every(1_000), 1_000) == 9_000  # stalled: 2000 … 8000 are skipped
