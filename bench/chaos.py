@@ -68,6 +68,9 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
              row); every delayed message was stored with a run_at; the twin emits of a dedupe key
              returned one id (unless an outage made one unconfirmed); a watcher polling during the
              run never saw two pending/inflight messages with one dedupe key
+  clock      every worker runs clock.every("1s"): exactly one message per tick (its dedupe key the
+             tick time), and every tick between the first and the last is there except in a
+             PostgreSQL outage or while no worker was up (ready 1 s before it, not ended until 1 s after)
   pause      every planned pause window happened (from the pause call's return to the resume call):
              no attempt started in one after its first 1.3 s (SPEC §11's 1 s, plus a claim's round
              trip), emits were still stored in the windows, pause/resume calls failed only in
@@ -93,7 +96,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -297,7 +300,7 @@ class Workers:
             [*self.prefix(slot), sys.executable, str(WORKER), "--url", self.url_of(slot), "--dir", str(self.dir),
              "--worker-id", wid, "--lease-ms", str(self.cfg.lease_ms), "--concurrency", str(self.cfg.concurrency),
              "--retries", str(self.cfg.retries), "--slow-ms", str(self.cfg.slow_ms), *self.writer_args(slot),
-             *self.extra_args(slot)],
+             *self.extra_args(slot), *self.clock_args()],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
         log.close()
         self.current[slot] = (wid, proc)
@@ -313,6 +316,10 @@ class Workers:
 
     def extra_args(self, slot: int) -> list[str]:
         return []
+
+    def clock_args(self) -> list[str]:
+        """Every worker runs the clock the run checks (see "the clock" below)."""
+        return ["--clock-every", CLOCK_EVERY]
 
     def writer_args(self, slot: int) -> list[str]:
         """SQLite: odd slots keep the writer on a thread; even ones run the writer process."""
@@ -1299,6 +1306,59 @@ def check_pause(rep: Report, obs: Observed, logged: dict[tuple[str, int], Attemp
               problems)
 
 
+# --------------------------------------------------------------------------- the clock
+# Every worker binds flow "chaos.clock" to clock.every(CLOCK_EVERY), so each worker emits every tick
+# while SIGKILLs, clean stops, writer kills and PostgreSQL restarts go on around it.
+
+CLOCK_EVERY, CLOCK_SIGNAL, CLOCK_MS = "1s", "clock.chaos.clock", 1000
+CLOCK_MARGIN_S = 1.0  # a worker covers a tick from this long after it was ready to this long before it ended
+
+
+def clock_cover(workers: Workers, obs: Observed) -> Callable[[float], bool]:
+    """Whether some worker was up around a tick time (epoch s): ready at least CLOCK_MARGIN_S
+    before it, not killed or asked to stop until CLOCK_MARGIN_S after it, and its SQLite writer process
+    not SIGKILLed in the 3 s before it. A tick no worker covered may be skipped (as documented)."""
+    spans = []
+    asked_to_stop = {wid: at for at, wid in obs.clean_stops}  # it stops ticking when asked, not when it exits
+    for wid in workers.all:
+        ready = workers.dir / f"ready-{wid}"
+        if ready.exists():
+            end = workers.killed.get(wid) or asked_to_stop.get(wid) or workers.stopped.get(wid) or time.time()
+            spans.append((wid, ready.stat().st_mtime, end))
+    writer_kills = [(at, wid) for at, wid in obs.writer_kills]
+
+    def covered(t: float) -> bool:
+        return any(start + CLOCK_MARGIN_S <= t <= end - CLOCK_MARGIN_S
+                   and not any(w == wid and t - 3 <= at <= t + CLOCK_MARGIN_S for at, w in writer_kills)
+                   for wid, start, end in spans)
+
+    return covered
+
+
+async def check_clock(rep: Report, url: str, obs: Observed, workers: Workers) -> None:
+    """clock: exactly one message per tick over the run (never two for one tick, keyed by the tick
+    time), and no tick missing between the first and the last while a worker was up to emit it
+    (see `clock_cover`), outside PostgreSQL outages."""
+    rd = Plain(url)
+    try:
+        rows = await rd.rows("SELECT payload, dedupe FROM oke_messages WHERE signal = $1", CLOCK_SIGNAL)
+    finally:
+        await rd.close()
+    ats = Counter(json.loads(payload)["at"] for payload, _ in rows)
+    problems = [f"tick {at} stored {n} times" for at, n in sorted(ats.items()) if n > 1]
+    problems += [f"message of tick {json.loads(p)['at']} has dedupe {d!r}" for p, d in rows
+                 if d != str(json.loads(p)["at"])]
+    covered = clock_cover(workers, obs)
+    missing = [at for at in range(min(ats, default=0), max(ats, default=0), CLOCK_MS) if at not in ats]
+    unexplained = [at for at in missing if covered(at / 1000) and not _in_outage(obs, at / 1000)]
+    problems += [f"tick {at} missing while a worker was up" for at in unexplained]
+    if not ats:
+        problems.append("no tick was stored")
+    rep.check("clock", not problems,
+              f"{len(ats)} ticks, {len(rows)} messages (one each), {len(missing)} missed while no worker "
+              "was up or in an outage", problems)
+
+
 # --------------------------------------------------------------------------- main
 
 async def run(cfg: Config, keep: bool) -> bool:
@@ -1379,6 +1439,7 @@ async def run(cfg: Config, keep: bool) -> bool:
             stop_readers.set()
             await asyncio.gather(*readers)
         rep = await verify(url, cfg, plan, obs, workers, stop_problems, root)
+        await check_clock(rep, url, obs, workers)
         if not drained:
             rep.check("drain", False, f"not drained within {cfg.drain_timeout_s:.0f} s: {state}")
         rep.figures.insert(0, f"elapsed {time.monotonic() - started:.1f} s")

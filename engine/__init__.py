@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .app import OkeApp, oke
+from .clocks import clock
 from .errors import LeaseLost, OkeError, StoreUnavailable
 from .flows import flow, forget_bindings, on
 from .fx import Fx
@@ -18,6 +19,7 @@ __all__ = [
     "Signal",
     "StoreUnavailable",
     "Unauthorized",
+    "clock",
     "flow",
     "gate",
     "http",

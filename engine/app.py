@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import history, payloads
 from .background import Background
 from .bindings_cache import BindingsCache
+from .clock_runner import ClockRunner
 from .durations import parse_duration_ms
 from .emitting import check_emit_key, emit_options, rows_for, rows_for_many
 from .errors import BIND_A_FLOW, MOUNT_AN_EXPOSURE, OkeError, StoreUnavailable
@@ -133,6 +134,8 @@ class OkeApp:
             await store.write(
                 lambda conn: registry.record(conn, self.name, declared_here.values(), binding_rows, self.binding_ttl_ms)
             )
+            if manifest.clocks:
+                await store.write(lambda conn: registry.record_clocks(conn, self.name, clock_rows(manifest)))
             _warn_of_other_once_flows(manifest, await store.read(registry.recent_flows))
             live_names = sorted(s.name for s in declared_here.values() if s.kind == "live")
             await store.write(lambda conn: tape.ensure_tapes(conn, live_names))
@@ -217,13 +220,15 @@ class OkeApp:
         parent_run_id: str | None = None,
         emitter: str | None = None,
         conn: AsyncConnection | None = None,
+        dedupe_for: object = None,
     ) -> str:
         """Validate and store a message; returns its id once committed (OKE1240, OKE1250). With
         `conn=`, it is written in the caller's transaction and exists iff that commits. With a
-        `dedupe` key held by a pending or inflight message, stores nothing and returns that one's id."""
+        `dedupe` key held by a pending or inflight message, stores nothing and returns that one's id;
+        `dedupe_for="24h"` keeps the key held that long after this message finished."""
         store = self._require_store()
         target = self._resolve(signal)
-        options = emit_options(target, delay, at, dedupe, priority)
+        options = emit_options(target, delay, at, dedupe, priority, dedupe_for=dedupe_for)
         caller = self._caller(target, conn, "emit")
         check_emit_key(target, key)
         encoded = payloads.encode(target, payload, self.max_payload_bytes)
@@ -409,12 +414,21 @@ class OkeApp:
         runtime = self._runtime()
         pool = WorkerPool(runtime, self._routes(), concurrency)
         heartbeat = asyncio.create_task(self._heartbeat(), name="oke-bindings-heartbeat")
+        ticks = asyncio.create_task(self._clock_runner().run(), name="oke-clocks")
         try:
             async with self._worker_heartbeat(pool):
                 await pool.run(until_idle=False)
         finally:
             heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            ticks.cancel()
+            await asyncio.gather(heartbeat, ticks, return_exceptions=True)
+
+    def _clock_runner(self) -> ClockRunner:
+        """This app's clocks (engine/clock_runner.py): run by `run()` and `serve()`, not by `drain()`."""
+        assert self.manifest is not None
+        signals = self.manifest.signals
+        clocks = {signals[name]: schedule for name, schedule in self.manifest.clocks.items()}
+        return ClockRunner(self._require_store(), self.emit, clocks, self._stop_requested)
 
     def _worker_heartbeat(self, pool: WorkerPool) -> WorkerHeartbeat:
         """This pool's row in oke_workers (SPEC §13): recorded before it claims, beating while it runs."""
@@ -510,6 +524,15 @@ def _warn_of_other_once_flows(manifest: Manifest, recent: dict[str, list[str]]) 
                 OkeError.of(1071, signal=name, flows=listed),
                 ", ".join(f'"{f}"' for f in others),
             )
+
+
+def clock_rows(manifest: Manifest) -> list[tuple[str, str, str, str, bool]]:
+    """(flow, implicit signal, spec, tz, catch_up) of each clock in `manifest`, as oke_clocks keeps them."""
+    return [
+        (flows[0].name or "", name, schedule.spec, schedule.tz, schedule.catch_up)
+        for name, schedule in sorted(manifest.clocks.items())
+        for flows in [manifest.signal_flows[name]]
+    ]
 
 
 def live_exposures(manifest: Manifest) -> list[tuple[str, str, str]]:

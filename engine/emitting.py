@@ -16,10 +16,11 @@ from .ids import new_id, now_ms
 from .signals import Signal
 from .store import NewMessage, queue_name
 from .store.base import check_key
-from .timing import Schedule, check_dedupe, check_live_options, check_priority, schedule_of
+from .timing import Schedule, check_dedupe, check_dedupe_for, check_live_options, check_priority, schedule_of
 
-EmitOptions = tuple[Schedule, int, str | None]  # when it is due, its priority, its dedupe key
-PLAIN: EmitOptions = (Schedule(), 0, None)
+# when it is due, its priority, its dedupe key and how long that stays held after it finished
+EmitOptions = tuple[Schedule, int, str | None, int | None]
+PLAIN: EmitOptions = (Schedule(), 0, None, None)
 
 MAX_KEY_LENGTH = 1000
 _MISSING = object()
@@ -98,9 +99,9 @@ def rows_for(
     A broadcast copy gets its own id per flow (each has its own attempts and
     dead letter); the first copy's id is returned. A once message gets one row
     whether or not a worker is bound yet (an optional signal may be consumed later).
-    `options` are the checked schedule, priority and dedupe key, the same on every copy.
+    `options` are the checked schedule, priority, dedupe key and window, the same on every copy.
     """
-    schedule, priority, dedupe = options
+    schedule, priority, dedupe, dedupe_for_ms = options
     created = now_ms()
     if signal.kind == "once":
         ids = [new_id("msg_")]
@@ -125,6 +126,7 @@ def rows_for(
             run_at=schedule.run_at,
             priority=priority,
             dedupe=dedupe,
+            dedupe_for_ms=dedupe_for_ms,
         )
         for msg_id, flow in zip(ids, targets, strict=False)
     ]
@@ -132,15 +134,22 @@ def rows_for(
 
 
 def emit_options(
-    signal: Signal, delay: object, at: object, dedupe: object, priority: object, what: str = "emit"
+    signal: Signal,
+    delay: object,
+    at: object,
+    dedupe: object,
+    priority: object,
+    what: str = "emit",
+    dedupe_for: object = None,
 ) -> EmitOptions:
     """The checked time and order options of one emit (TypeError / ValueError before any write)."""
-    if delay is None and at is None and dedupe is None and type(priority) is int and priority == 0:
+    if delay is at is dedupe is dedupe_for is None and type(priority) is int and priority == 0:
         return PLAIN  # no option: nothing to check (an idle emit runs this cold: docs/design/idle-path.md)
     label = f'{what}("{signal.name}")'
     schedule = schedule_of(label, delay, at)
     checked_priority = check_priority(label, priority)
     checked_dedupe = check_dedupe(label, dedupe)
+    window = check_dedupe_for(label, dedupe_for, checked_dedupe)
     if signal.kind == "live":
         check_live_options(label, schedule, checked_priority, checked_dedupe)
-    return schedule, checked_priority, checked_dedupe
+    return schedule, checked_priority, checked_dedupe, window

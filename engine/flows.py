@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .clocks import Clock, Schedule, signal_name
 from .durations import option_seconds
 from .errors import OkeError
-from .signals import Signal, check_name, declared
+from .signals import MAX_NAME_LENGTH, Signal, check_name, declared, signal
 
 Handler = Callable[..., Any]
 
@@ -84,10 +85,12 @@ def flow(
 
 @dataclass(frozen=True, eq=False)
 class Binding:
-    """One `on(trigger, flow)`: a signal (or an HTTP route) and the flow it runs."""
+    """One `on(trigger, flow)`: a signal (or an HTTP route) and the flow it runs. A clock's binding
+    is its implicit signal's, with the clock's schedule beside it."""
 
     trigger: Any
     flow: Flow
+    clock: Schedule | None = None
 
 
 _BINDINGS: list[Binding] = []
@@ -128,6 +131,8 @@ def is_signal_binding(binding: Binding) -> bool:
 def on(trigger: Any, bound: Flow | Handler | None = None) -> Any:
     """Bind a flow to a signal (or an HTTP route): `on(sig, flow)` or `@on(sig)` over a flow."""
     trigger = _resolve_trigger(trigger)
+    if isinstance(trigger, Clock):
+        return _on_clock(trigger, bound)
     if not isinstance(trigger, (Signal, SignalName)):
         for binder in _ROUTE_BINDER:
             result = binder(trigger, bound)
@@ -141,6 +146,27 @@ def on(trigger: Any, bound: Flow | Handler | None = None) -> Any:
                 raise TypeError(f"on({trigger.name!r}): expected a flow, got {target!r}")
             target = Flow(name=None, do=target)
         _BINDINGS.append(Binding(trigger, target))
+        return target
+
+    return bind if bound is None else bind(bound)
+
+
+def _on_clock(trigger: Clock, bound: Flow | Handler | None) -> Any:
+    """`on(clock.every(...) / clock.cron(...), flow)`: the flow consumes the implicit once signal
+    `clock.<flow name>`, and the app emits one message of it per tick (engine/clock_runner.py)."""
+
+    def bind(target: Flow | Handler) -> Flow:
+        if not isinstance(target, Flow) or target.name is None:
+            raise TypeError(f"on({trigger!r}): expected a named flow (its name names the clock), got {target!r}")
+        name = signal_name(target.name)
+        if len(name) > MAX_NAME_LENGTH:
+            limit = MAX_NAME_LENGTH - len(signal_name(""))
+            raise ValueError(
+                f'on({trigger!r}, flow "{target.name[:40]}…"): a clock\'s flow name has at most {limit} characters'
+            )
+        schedule = trigger.checked(target.name)
+        ticks = signal.once(name, description=f"ticks of {schedule.spec} ({schedule.tz}) for {target.name}")
+        _BINDINGS.append(Binding(ticks, target, clock=schedule))
         return target
 
     return bind if bound is None else bind(bound)
@@ -171,6 +197,7 @@ class Manifest:
     signal_flows: dict[str, list[Flow]] = field(default_factory=dict)
     signals: dict[str, Signal] = field(default_factory=dict)
     routes: list[Binding] = field(default_factory=list)
+    clocks: dict[str, Schedule] = field(default_factory=dict)  # implicit signal -> its schedule
 
 
 def build_manifest(bindings: list[Binding]) -> Manifest:
@@ -191,6 +218,8 @@ def build_manifest(bindings: list[Binding]) -> Manifest:
                 f"is a tape, not a queue; expose it with on(http.live(signal)) instead"
             )
         manifest.signals[trigger.name] = trigger
+        if binding.clock is not None:
+            manifest.clocks[trigger.name] = binding.clock
         flows = manifest.signal_flows.setdefault(trigger.name, [])
         namesake = next((f for f in flows if f.name == binding.flow.name), None)
         if namesake is not None and _same_work(namesake, binding.flow):

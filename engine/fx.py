@@ -74,6 +74,7 @@ class Fx:
         dedupe: str | None = None,
         priority: int = 0,
         conn: AsyncConnection | None = None,
+        dedupe_for: object = None,
     ) -> str:
         """Validate and store a message; it records this run as its parent. Resolves on commit
         (with `conn=`, the caller's: the message is written in that transaction). The time and
@@ -91,6 +92,7 @@ class Fx:
             parent_run_id=self.run_id,
             emitter=self.flow.name,
             conn=conn,
+            dedupe_for=dedupe_for,
         )
 
     async def extend_lease(self, ms: int | None = None) -> None:

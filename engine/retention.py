@@ -93,6 +93,7 @@ class Retention:
                 deleted += await self._until_done(step)
         if self.policy.runs_ms is not None:
             deleted += await self._until_done(_runs_step(now - self.policy.runs_ms, now))
+        deleted += await self._until_done(_holds_step(now))
         return deleted
 
     async def _until_done(self, step: Callable[[Connection, int], stored.Batch]) -> int:
@@ -140,5 +141,12 @@ def _messages_step(signal: str, status: str, before_ms: int, now: int) -> Callab
 def _runs_step(before_ms: int, now: int) -> Callable[[Connection, int], stored.Batch]:
     def step(conn: Connection, limit: int) -> stored.Batch:
         return stored.delete_runs(conn, before_ms, limit, now)
+
+    return step
+
+
+def _holds_step(now: int) -> Callable[[Connection, int], stored.Batch]:
+    def step(conn: Connection, limit: int) -> stored.Batch:
+        return stored.delete_lapsed_holds(conn, limit, now)
 
     return step

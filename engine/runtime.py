@@ -42,6 +42,7 @@ class Emit(Protocol):
         parent_run_id: str | None = None,
         emitter: str | None = None,
         conn: AsyncConnection | None = None,
+        dedupe_for: object = None,
     ) -> str: ...
 
 

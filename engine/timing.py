@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .durations import MAX_DURATION_MS, parse_duration_ms
+from .durations import MAX_DURATION_MS, option_seconds, parse_duration_ms
 
 MAX_DEDUPE_LENGTH = 1000
 MAX_PRIORITY = 2**31 - 1  # an INTEGER column on both stores
@@ -96,6 +96,16 @@ def check_dedupe(label: str, dedupe: object) -> str | None:
     except UnicodeEncodeError as err:
         raise ValueError(f"{label}: dedupe must be valid Unicode text ({err.reason})") from None
     return dedupe
+
+
+def check_dedupe_for(label: str, dedupe_for: object, dedupe: str | None) -> int | None:
+    """None, or the milliseconds of a duration ("24h", a timedelta, seconds) for which a dedupe key
+    stays held after its message finished; it needs the key it holds."""
+    if dedupe_for is None:
+        return None
+    if dedupe is None:
+        raise TypeError(f"{label}: dedupe_for holds a dedupe key for a window; pass dedupe= too")
+    return max(1, round(option_seconds(dedupe_for, f"{label}, dedupe_for=...") * 1000))
 
 
 def check_live_options(label: str, schedule: Schedule, priority: int, dedupe: str | None) -> None:

@@ -21,6 +21,7 @@ from engine.display import inert
 from . import safe
 from .data import StoreAdapter, StoreDown
 from .screens.audit import AuditScreen
+from .screens.clocks import ClocksScreen
 from .screens.detail import DetailScreen
 from .screens.dlq import DeadLettersScreen
 from .screens.history import HistoryScreen
@@ -34,7 +35,7 @@ from .screens.workers import WorkersScreen
 
 JUMPS = (
     "dlq SIGNAL · history SIGNAL · tail SIGNAL · trace RUN · show ID · messages SIGNAL [STATUS] · keys SIGNAL"
-    " · audit · workers · signals"
+    " · audit · workers · clocks · signals"
 )
 STATUSES = ("pending", "inflight", "delivered", "dead")
 SIGNAL_VERBS = {
@@ -144,6 +145,9 @@ class ConsoleApp(App[None]):
     def open_workers(self) -> None:
         self.push_screen(WorkersScreen())
 
+    def open_clocks(self) -> None:
+        self.push_screen(ClocksScreen())
+
     def open_signals(self) -> None:
         while len(self.screen_stack) > 2:
             self.pop_screen()
@@ -161,7 +165,7 @@ class ConsoleApp(App[None]):
                 choices += [f"dlq {name}", f"history {name}", f"keys {name}", f"messages {name}"] + [
                     f"messages {name} {s}" for s in STATUSES
                 ]
-        return choices + ["audit", "workers", "signals", "trace ", "show "]
+        return choices + ["audit", "workers", "clocks", "signals", "trace ", "show "]
 
     def action_jump(self) -> None:
         self.push_screen(
@@ -241,6 +245,8 @@ class ConsoleApp(App[None]):
             self.open_audit()
         elif verb == "workers" and not args:
             self.open_workers()
+        elif verb == "clocks" and not args:
+            self.open_clocks()
         elif verb in ("signals", "overview", "home") and not args:
             self.open_signals()
         else:
@@ -255,6 +261,7 @@ class ConsoleApp(App[None]):
             SystemCommand("Jump…", f"Go to: {safe.escape(JUMPS)}", self.action_jump),
             SystemCommand("Audit log", "Every write, who and why", self.open_audit),
             SystemCommand("Workers", "Who holds the leases; orphaned ones marked", self.open_workers),
+            SystemCommand("Clocks", "Each clock's next and last tick, and its last outcome", self.open_clocks),
             SystemCommand("Help", "Keys and commands", self.action_help),
         ]
         yield from own

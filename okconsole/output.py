@@ -178,6 +178,25 @@ def render_bindings(out: Console, rows: list[Any], db: str) -> None:
     render(out, table)
 
 
+def render_clocks(out: Console, rows: list[Any], db: str) -> None:
+    if not rows:
+        out.print(f"No clocks recorded in {rich_markup(db)} yet.")
+        return
+    table = _grid("Flow", "Spec", "TZ", "Next", "Last", "Last id", "Last status", "Paused", drop=("Last id",))
+    for r in rows:
+        table.add(
+            rich_markup(r.flow),
+            rich_markup(r.spec),
+            rich_markup(r.tz),
+            when(r.next_at),
+            when(r.last_at),
+            rich_markup(r.last_id or "-"),
+            status_markup(r.last_status) if r.last_status else "-",
+            f"[{PAUSED_STYLE}]yes[/]" if r.paused else "no",
+        )
+    render(out, table)
+
+
 def render_messages(out: Console, signal: str, rows: list[MessageRow]) -> None:
     if not rows:
         out.print(f"No messages in {rich_markup(signal)} match.")

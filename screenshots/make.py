@@ -1,6 +1,7 @@
 """Regenerate the console screenshots (SVG) from the real app over a fresh demo store.
 
     python screenshots/make.py            # writes screenshots/*.svg (200×50) and screenshots/80x24/*.svg
+    python screenshots/make.py clocks     # only clocks.svg (both sizes)
 
 It runs the bundled demo on a temporary SQLite store (workers, HTTP and traffic
 with failures) and, while it runs, drives `ConsoleApp` with Pilot through every
@@ -136,7 +137,48 @@ async def shoot_workers(url: str, out: Path, size: tuple[int, int]) -> None:
         app.save_screenshot("workers.svg", str(out))
 
 
+async def tick_some_clocks(url: str) -> None:
+    """An app with three clocks ticks for a few seconds: one fine, one failing, one paused."""
+    from engine import clock, flow, oke, on, ops
+
+    async def fails(tick, fx):
+        raise RuntimeError("the report service answered 503")
+
+    on(clock.every("2s"), flow("reports.heartbeat", do=lambda tick, fx: None))
+    on(clock.every("3s"), flow("billing.reconcile", do=fails))
+    on(clock.cron("0 * * * *", tz="Europe/Berlin"), flow("reports.hourly", do=lambda tick, fx: None))
+    on(clock.cron("30 2 * * 1-5", tz="America/New_York", catch_up=True), flow("crm.sync", do=lambda t, fx: None))
+    async with oke("clocks-demo", database_url=url, bindings=None) as app:
+        running = asyncio.create_task(app.run())
+        await asyncio.sleep(7)
+        await app.stop()
+        await running
+        await ops.pause(app.store, "clock.reports.hourly", actor="ops", reason="report DB migration")
+
+
+async def shoot_clocks(url: str, out: Path, size: tuple[int, int]) -> None:
+    app = ConsoleApp(url, refresh_s=0.5)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 1)
+        app.jump("clocks")
+        await settle(pilot, lambda: app.screen.query_one("#clocks").row_count >= 4)
+        await pilot.pause(1.0)
+        app.save_screenshot("clocks.svg", str(out))
+
+
+async def clocks_only() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{tmp}/oke.db"
+        await tick_some_clocks(url)
+        for size, out in SIZES.items():
+            await shoot_clocks(url, out, size)
+    print("wrote", ", ".join(f"{out.relative_to(HERE.parent)}/clocks.svg" for out in SIZES.values()))
+
+
 async def main() -> None:
+    if sys.argv[1:] == ["clocks"]:
+        await clocks_only()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite+aiosqlite:///{tmp}/oke.db"
         demo = DemoRunner(url, port=free_port(), seed=7)

@@ -9,6 +9,7 @@ from typing import Any
 
 from engine import flow, oke, ops, signal
 from engine.flows import Binding
+from engine.store.schema import SCHEMA_VERSION
 from consolekit import run_okconsole, with_store
 from workers.db import execute
 
@@ -38,7 +39,7 @@ async def test_a_healthy_store_passes_every_check_and_doctor_exits_0(db_url):
     code, found = doctor_json(db_url)
     assert code == 0
     assert list(found) == CHECKS and only_unhealthy(found) == {}
-    assert found["schema"]["detail"] == "store schema version 8, the version this okengine writes"
+    assert found["schema"]["detail"] == f"store schema version {SCHEMA_VERSION}, the version this okengine writes"
 
     text = run_okconsole("--db", db_url, "doctor")
     assert text.returncode == 0
@@ -138,7 +139,7 @@ async def test_a_store_with_a_newer_schema_fails_the_schema_check_and_exits_1(db
     assert done.returncode == 1, done.stderr
     [check] = json.loads(done.stdout)
     assert (check["check"], check["status"]) == ("schema", "fail")
-    assert "the store's schema is version 99; this okengine knows up to 8" in check["detail"]
+    assert f"the store's schema is version 99; this okengine knows up to {SCHEMA_VERSION}" in check["detail"]
     assert "pip install -U okengine" in check["detail"]
     text = run_okconsole("--db", db_url, "doctor")
     assert text.returncode == 1

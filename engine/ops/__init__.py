@@ -27,6 +27,7 @@ from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
 from ..store.wake import CANCELS, wake_local
+from . import clocks as _clocks
 from . import controls, keyheads, pausing, queries, repair, unbinding, verdict
 from . import doctor as _doctor
 from . import health as _health
@@ -34,6 +35,7 @@ from . import history as _history
 from . import trace as _trace
 from . import why as _why
 from . import workers as _workers
+from .clocks import ClockInfo
 from .doctor import DUE_AFTER_MS
 from .history import HistoryPoint
 from .records import (
@@ -123,6 +125,8 @@ __all__ = [
     "audit",
     "binding",
     "bindings",
+    "ClockInfo",
+    "clocks",
     "cancel",
     "dead_letters",
     "delete",
@@ -299,6 +303,11 @@ async def bindings(store: Store) -> list[BindingInfo]:
     return [
         BindingInfo(signal=r.signal, kind=r.kind, flow=r.flow, last_seen=r.last_seen, active=r.active) for r in rows
     ]
+
+
+async def clocks(store: Store) -> list[ClockInfo]:
+    """Every clock trigger apps recorded: flow, spec, tz, next_at, last_at, last_id, last_status, paused."""
+    return await store.read(_clocks.clocks)
 
 
 async def binding(store: Store, signal: str, flow: str) -> BindingInfo:

@@ -250,6 +250,9 @@ def replay(
         return ReplayBatch(ids=[], queues=[])
     for start in range(0, len(ids), CHUNK):  # a replayed message starts a new life: no old request stops it
         cancels.drop(conn, ids[start : start + CHUNK])
+    for start in range(0, len(ids), CHUNK):  # nor for a window (`dedupe_for`)
+        holds = schema.dedupe_holds
+        conn.execute(delete(holds).where(holds.c.msg_id.in_(ids[start : start + CHUNK])))
     replaced = payload_text is not None
     _record_replay(conn, sel.signal, ids, actor=actor, reason=reason, replaced=replaced, now=now, source=source)
     queues = sorted({d[2] for d in done})

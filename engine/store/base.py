@@ -47,6 +47,8 @@ class NewMessage(NamedTuple):
     run_at: int | None = None
     priority: int = 0
     dedupe: str | None = None
+    # `dedupe_for`: the key stays held this long after the message finished (oke_dedupe_holds).
+    dedupe_for_ms: int | None = None
 
     @property
     def plain(self) -> bool:
@@ -159,6 +161,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: migrations.add_failure_traceback,  # 6 -> 7: each failure's traceback
     7: migrations.add_search_index,  # 7 -> 8: the text index behind search, filled in the background
     8: migrations.add_cancel_requests,  # 8 -> 9: operators' requests to stop a running handler
+    9: migrations.add_windows_and_clocks,  # 9 -> 10: dedupe windows and clock triggers (new tables)
 }
 
 
@@ -188,8 +191,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def enqueue(self, rows: Sequence[NewMessage]) -> str | None:
         """Store the rows in one transaction (many in chunks) and wake the workers of their queues.
-        With a dedupe key held by a pending or inflight message, nothing is stored and that
-        message's id is returned (else None)."""
+        With a dedupe key held by a pending or inflight message (or by one finished within its
+        `dedupe_for` window), nothing is stored and that message's id is returned (else None)."""
 
     @abc.abstractmethod
     async def enqueue_on(self, conn: AsyncConnection, rows: Sequence[NewMessage]) -> str | None:

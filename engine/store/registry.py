@@ -84,6 +84,16 @@ def record(
     _upsert(conn, schema.bindings, binding_rows, ["signal", "flow"])
 
 
+def record_clocks(conn: Connection, app_name: str, clocks: Iterable[tuple[str, str, str, str, bool]]) -> None:
+    """Upsert the clock triggers an app declared: (flow, implicit signal, spec, tz, catch_up)."""
+    now = now_ms()
+    rows = [
+        {"flow": flow, "signal": sig, "spec": spec, "tz": tz, "catch_up": catch_up, "app": app_name, "updated_at": now}
+        for flow, sig, spec, tz, catch_up in sorted(set(clocks))
+    ]
+    _upsert(conn, schema.clocks, rows, ["flow"])
+
+
 def touch(conn: Connection, bindings: Iterable[tuple[str, str]]) -> None:
     """A running app's heartbeat: its bindings were seen now (a retired one stays retired)."""
     pairs = sorted(set(bindings))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from ..ids import base32
 from . import counts, history, schema, search_index
@@ -51,12 +51,35 @@ def delete_messages(conn: Connection, signal: str, status: str, before_ms: int, 
     gone = conn.execute(delete(m).where(m.c.seq.in_(old), m.c.status == status).returning(m.c.id, m.c.seq)).all()
     ids = [row.id for row in gone]
     if ids:
+        finished = dict(oldest)
+        _keep_windows(conn, [(row.id, finished[row.seq]) for row in gone])
         search_index.forget(conn, [row.seq for row in gone])
         conn.execute(delete(schema.failures).where(schema.failures.c.message_id.in_(ids)))
         conn.execute(delete(schema.runs).where(schema.runs.c.message_id.in_(ids)))
         conn.execute(delete(schema.steps).where(schema.steps.c.message_id.in_(ids)))
         history.record(conn, signal, now, pruned=len(ids))
     return Batch(len(ids), len(old) == limit)
+
+
+def _keep_windows(conn: Connection, gone: list[tuple[str, int]]) -> None:
+    """A deleted message that holds its dedupe key for a window (`dedupe_for`) leaves the hold's
+    end behind, so deleting it never frees the key early."""
+    h = schema.dedupe_holds
+    conn.execute(
+        update(h)
+        .where(h.c.msg_id == bindparam("gone_id"), h.c.until.is_(None))
+        .values(until=bindparam("gone_at") + h.c.window_ms),
+        [{"gone_id": msg_id, "gone_at": finished_at} for msg_id, finished_at in gone],
+    )
+
+
+def delete_lapsed_holds(conn: Connection, limit: int, now: int) -> Batch:
+    """Delete up to `limit` dedupe holds whose window ended after their message was deleted."""
+    h = schema.dedupe_holds
+    lapsed = conn.execute(select(h.c.queue, h.c.dedupe).where(h.c.until < now).limit(limit)).all()
+    for queue, dedupe in lapsed:
+        conn.execute(delete(h).where(h.c.queue == queue, h.c.dedupe == dedupe, h.c.until < now))
+    return Batch(len(lapsed), len(lapsed) == limit)
 
 
 def delete_runs(conn: Connection, before_ms: int, limit: int, now: int) -> Batch:

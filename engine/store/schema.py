@@ -23,7 +23,9 @@ from sqlalchemy.engine import Dialect
 # 8: the text index behind the console's search (store/search_index.py: FTS5 or pg_trgm), outside
 #    this metadata, and its high-water marks in oke_meta
 # 9: operators' requests to stop a running handler (oke_cancels, a new table: store/cancels.py)
-SCHEMA_VERSION = 9
+# 10: dedupe keys held for a window after their message finished (oke_dedupe_holds) and the clock
+#    triggers each app declared (oke_clocks); new tables only (create_all adds them)
+SCHEMA_VERSION = 10
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -120,6 +122,33 @@ messages = Table(
     # W3C traceparent of the span that emitted it; after a traced failure also the failed attempt's
     # (`<emitting>;<failed>`, engine/telemetry/tracing.py). NULL without OpenTelemetry.
     Column("traceparent", Text),
+)
+
+# A dedupe key held for a window after its message finished (`emit(dedupe=K, dedupe_for=D)`):
+# held while the message `msg_id` is pending or inflight, then until its finished_at + window_ms.
+# `until` is set when retention deletes the message, so the key stays held without it.
+dedupe_holds = Table(
+    "oke_dedupe_holds",
+    metadata,
+    Column("queue", Name(401), primary_key=True),
+    Column("dedupe", Name(), primary_key=True),
+    Column("msg_id", Name(40), nullable=False, index=True),
+    Column("window_ms", BigInteger, nullable=False),
+    Column("until", BigInteger, index=True),
+)
+
+# The clock triggers apps declared (`on(clock.every(...) / clock.cron(...), flow)`), upserted at
+# boot: what the console lists beside each clock's implicit signal's last message.
+clocks = Table(
+    "oke_clocks",
+    metadata,
+    Column("flow", Name(200), primary_key=True),
+    Column("signal", Name(200), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("tz", Name(100), nullable=False),
+    Column("catch_up", Boolean, nullable=False),
+    Column("app", Name(200)),
+    Column("updated_at", BigInteger, nullable=False),
 )
 
 # Signals an operator paused: no process claims their messages while a row is here. A table of

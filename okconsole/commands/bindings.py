@@ -1,4 +1,5 @@
-"""`okconsole bindings` and `okconsole unbind`: which flows get a signal's messages, and retiring one.
+"""`okconsole bindings`, `okconsole clocks` and `okconsole unbind`: which flows get a signal's
+messages (and which clocks emit them), and retiring one.
 
 Both go through `engine.ops` only; `unbind` is a write like `replay` and `purge`: refused with --read-only,
 asks before acting unless --yes (refusing without a TTY), audited with the actor and reason.
@@ -54,6 +55,18 @@ def bindings(ctx: typer.Context, db: str | None = DB_OPTION, as_json: bool = JSO
     output.render_bindings(output.console(), rows, state.db)
 
 
+def clocks(ctx: typer.Context, db: str | None = DB_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """Every clock trigger apps declared: its flow, schedule and time zone, the next tick, the last
+    tick's time, message and status, and whether it is paused (pause and resume take its signal,
+    clock.FLOW)."""
+    state = state_of(ctx, db)
+    rows = _run(state, ops.clocks)
+    if as_json:
+        output.print_json(rows)
+        return
+    output.render_clocks(output.console(), rows, state.db)
+
+
 def unbind(
     ctx: typer.Context,
     db: str | None = DB_OPTION,
@@ -98,4 +111,4 @@ def _render_unbound(out: Any, result: ops.Unbound) -> None:
         out.print(f"Replay them with: okconsole replay {rich_markup(result.signal)} ID… (or --all --code Unbound)")
 
 
-COMMANDS = (bindings, unbind)
+COMMANDS = (bindings, clocks, unbind)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine import flow, oke, on, signal  # noqa: E402
+from engine import clock, flow, oke, on, signal  # noqa: E402
 
 JOBS = "chaos.jobs"
 PROBE = "chaos.probe"
@@ -149,6 +149,7 @@ async def main() -> None:
     parser.add_argument("--slow-ms", type=int, default=2500)
     parser.add_argument("--probe-ms", type=int, default=0)
     parser.add_argument("--sqlite-writer", default="process", choices=("process", "thread"))
+    parser.add_argument("--clock-every", default=None, help='bind flow "chaos.clock" to clock.every(EVERY)')
     args = parser.parse_args()
     # The worker pool's INFO lines (what a clean stop handed back) go to the log the run reads.
     workers_log = logging.getLogger("engine.worker")
@@ -159,6 +160,8 @@ async def main() -> None:
     declare(args.dir, args.worker_id, args.retries, args.slow_ms / 1000, reader)
     if args.probe_ms:
         on(signal.once(PROBE), flow("chaos.prober", do=lambda p, fx: None))
+    if args.clock_every:  # every worker emits every tick; the store keeps one (bench/chaos.py checks)
+        on(clock.every(args.clock_every), flow("chaos.clock", do=lambda tick, fx: None))
     app = oke("chaos-worker", database_url=args.url, lease_ms=args.lease_ms, worker_id=args.worker_id,
               stop_grace_s=5.0, sqlite_writer=args.sqlite_writer)
     stop_files = (args.dir / "stop", args.dir / f"stop-{args.worker_id}")  # every worker's, or this one's

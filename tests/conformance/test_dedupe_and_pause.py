@@ -107,3 +107,49 @@ async def test_a_paused_signals_messages_are_not_claimed_and_resume_releases_the
         await asyncio.wait_for(app.drain(), 20)
     assert sorted(handled.seen) == ["f", "f", "j0", "j1", "o"]
     assert await scalar(shape.url, "SELECT count(*) FROM oke_messages WHERE status <> 'delivered'") == 0
+
+
+# --------------------------------------------------------------------------- dedupe for a window
+
+
+async def test_a_key_held_for_a_window_stays_held_after_its_message_finished(shape):
+    """`dedupe_for`: delivered or dead, the message keeps its key for the window, whatever the later
+    emit's own options; a plain dedupe key is free as before; a lapsed window frees the key."""
+    jobs = signal.once("c.jobs", retries=0)
+    on(jobs, flow("w", do=Recorder()))
+    async with shape.app() as app:
+        ok = await app.emit(jobs, {"n": 1}, dedupe="daily", dedupe_for="1h")
+        bad = await app.emit(jobs, {"n": 2}, dedupe="failing", dedupe_for="1h")
+        short = await app.emit(jobs, {"n": 3}, dedupe="short", dedupe_for="200ms")
+        claimed = {c.id: c for c in await app.store.claim(["c.jobs"], "w1", 60_000, 10)}
+        assert await app.emit(jobs, {"n": 4}, dedupe="daily", dedupe_for="1h") == ok  # inflight
+        held = [outcome(claimed[ok]), outcome(claimed[bad], ok=False), outcome(claimed[short])]
+        assert await app.store.settle("w1", held) == [True, True, True]
+        assert await app.emit(jobs, {"n": 5}, dedupe="daily", dedupe_for="1h") == ok  # delivered, in its window
+        assert await app.emit(jobs, {"n": 6}, dedupe="daily") == ok  # a plain dedupe emit sees the window too
+        assert await app.emit(jobs, {"n": 7}, dedupe="failing", delay="1h") == bad  # dead, in its window
+        await asyncio.sleep(0.5)
+        later = await app.emit(jobs, {"n": 8}, dedupe="short", dedupe_for="200ms")  # its window lapsed
+        assert later not in (ok, bad, short)
+    rows = await fetch(shape.url, "SELECT id, status FROM oke_messages ORDER BY seq")
+    assert rows == [(ok, "delivered"), (bad, "dead"), (short, "delivered"), (later, "pending")]
+
+
+async def test_retention_deleting_a_windowed_message_keeps_its_key_held(shape):
+    """The hold outlives the row: retention records when the window ends before deleting it, and
+    deletes the hold once that has passed."""
+    jobs = signal.once("c.jobs")
+    on(jobs, flow("w", do=Recorder()))
+    async with shape.app(keep_delivered="1ms") as app:
+        first = await app.emit(jobs, 1, dedupe="k", dedupe_for="1h")
+        brief = await app.emit(jobs, 2, dedupe="b", dedupe_for="100ms")
+        await asyncio.wait_for(app.drain(), 20)
+        await asyncio.sleep(0.05)
+        assert await app.background.retention.pass_once() >= 2
+        assert await scalar(shape.url, "SELECT count(*) FROM oke_messages") == 0
+        assert await app.emit(jobs, 3, dedupe="k", dedupe_for="1h") == first  # the row is gone, the key held
+        await asyncio.sleep(0.3)
+        await app.background.retention.pass_once()  # the brief hold lapsed: deleted
+        assert await fetch(shape.url, "SELECT dedupe FROM oke_dedupe_holds") == [("k",)]
+        assert await app.emit(jobs, 4, dedupe="b", dedupe_for="100ms") != brief
+    assert await scalar(shape.url, "SELECT count(*) FROM oke_messages") == 1

@@ -37,10 +37,13 @@ from ..sql.enqueue import (
     COPY_COLUMNS,
     COPY_FROM_ROWS,
     ENQUEUE_CHUNK,
+    POSTGRES_DEDUPE_LOCK,
     POSTGRES_HOLDER,
     POSTGRES_INSERT,
     POSTGRES_INSERT_TIMED,
     POSTGRES_KEY_LOCKS,
+    POSTGRES_WINDOW_HOLD,
+    POSTGRES_WINDOW_HOLDER,
 )
 from ..sql.handoff import (
     EMIT_ONE,
@@ -580,16 +583,30 @@ async def _insert_deduped(run: Runner, rows: Sequence[NewMessage], copy: Copier 
     """The rows; when the first one's dedupe key is held, nothing of it is stored and the holder's
     id is returned. A skipped insert waited for a concurrent holder to commit; a holder that
     finished before its id was read frees the key: insert again (every row of one emit carries
-    the key, so a second insert stores only what the first skipped)."""
+    the key, so a second insert stores only what the first skipped). A key held for a window
+    (`dedupe_for`) is checked first, under the key's lock, so emits of one key take turns."""
     first = rows[0]
+    if first.dedupe is not None:
+        await run(POSTGRES_DEDUPE_LOCK, (first.queue, first.dedupe), False)
+        held = await run(POSTGRES_WINDOW_HOLDER, (first.queue, first.dedupe, now_ms()), True)
+        if held:
+            return str(held[0][0])
     for _ in range(_DEDUPE_TRIES):
         stored = await _insert_rows(run, rows, copy)
         if first.dedupe is None or first.id in stored:
+            await _hold_windows(run, [r for r in rows if r.id in stored])
             return None
         found = await run(POSTGRES_HOLDER, (first.queue, first.dedupe), True)
         if found:
             return str(found[0][0])
     raise RuntimeError(f'emit("{first.signal}", dedupe=...): the key kept changing hands; try again')
+
+
+async def _hold_windows(run: Runner, stored: Sequence[NewMessage]) -> None:
+    """Each stored row with a `dedupe_for` window holds its key for it (oke_dedupe_holds)."""
+    for r in stored:
+        if r.dedupe is not None and r.dedupe_for_ms is not None:
+            await run(POSTGRES_WINDOW_HOLD, (r.queue, r.dedupe, r.id, r.dedupe_for_ms), False)
 
 
 @contextlib.asynccontextmanager

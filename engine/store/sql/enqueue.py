@@ -46,6 +46,32 @@ HOLDER_OF_DEDUPE = (
 SQLITE_HOLDER = HOLDER_OF_DEDUPE.format(q="?", d="?")
 POSTGRES_HOLDER = HOLDER_OF_DEDUPE.format(q="$1", d="$2")
 
+# A key held for a window (oke_dedupe_holds): the holder's id while its message is pending or
+# inflight or finished less than window_ms ago (finished_at, or updated_at for a row finished
+# without one), or while `until` (set when retention deleted the message) is ahead. Read before
+# the insert of an emit with a dedupe key, inside its transaction: on SQLite the writer's lock
+# orders the emits, on PostgreSQL the key's advisory lock (POSTGRES_DEDUPE_LOCK) does.
+WINDOW_HOLDER = """
+SELECT h.msg_id FROM oke_dedupe_holds h
+ WHERE h.queue = {q} AND h.dedupe = {d}
+   AND (h.until > {now}
+        OR EXISTS (SELECT 1 FROM oke_messages m
+                    WHERE m.id = h.msg_id
+                      AND (m.status IN ('pending', 'inflight')
+                           OR COALESCE(m.finished_at, m.updated_at) + h.window_ms > {now})))
+"""
+SQLITE_WINDOW_HOLDER = WINDOW_HOLDER.format(q="?1", d="?2", now="?3")
+POSTGRES_WINDOW_HOLDER = WINDOW_HOLDER.format(q="$1", d="$2", now="$3::bigint")
+# The message just stored holds its key for its window (replacing a hold that lapsed).
+WINDOW_HOLD = """
+INSERT INTO oke_dedupe_holds (queue, dedupe, msg_id, window_ms, until) VALUES ({params}, NULL)
+ON CONFLICT (queue, dedupe) DO UPDATE SET msg_id = excluded.msg_id, window_ms = excluded.window_ms, until = NULL
+"""
+SQLITE_WINDOW_HOLD = WINDOW_HOLD.format(params="?, ?, ?, ?")
+POSTGRES_WINDOW_HOLD = WINDOW_HOLD.format(params="$1, $2, $3, $4::bigint")
+# Emits of one (queue, dedupe key) take turns on PostgreSQL from the window check to their commit.
+POSTGRES_DEDUPE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1::text || chr(31) || $2::text, 39))"
+
 # -- PostgreSQL: $1 … $11 are the columns as arrays, in emit order.
 _POSTGRES_ROWS = """
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],

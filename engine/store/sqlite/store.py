@@ -34,7 +34,14 @@ from ..caller import wake_after_commit
 from ..history import HistoryTally
 from ..outage import READ_ONLY, disk_condition, read_only_dir
 from ..sql.claim import claim_order, sqlite_claim_statement
-from ..sql.enqueue import ENQUEUE_CHUNK, SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
+from ..sql.enqueue import (
+    ENQUEUE_CHUNK,
+    SQLITE_HOLDER,
+    SQLITE_INSERT,
+    SQLITE_INSERT_TIMED,
+    SQLITE_WINDOW_HOLD,
+    SQLITE_WINDOW_HOLDER,
+)
 from ..wake import Waker, WalWatch, tape_topic, wake_local
 from .file import BUSY_TIMEOUT_MS
 from .process import WriterProcess
@@ -174,11 +181,7 @@ class SqliteStore(Store):
             for start in range(0, len(params), ENQUEUE_CHUNK):
                 await conn.exec_driver_sql(SQLITE_INSERT, params[start : start + ENQUEUE_CHUNK])
         else:
-            now = now_ms()
-            for i, r in enumerate(rows):
-                stored = (await conn.exec_driver_sql(SQLITE_INSERT_TIMED, timed_params(_timed_row(r), now))).rowcount
-                if not stored and i == 0:
-                    holder = (await conn.exec_driver_sql(SQLITE_HOLDER, (r.queue, r.dedupe))).scalar()
+            holder = await _insert_timed_on(conn, rows)
         counted = rows if holder is None else []
         wake_after_commit(conn, self.url, then=lambda: self.tally.emitted((r.signal, r.created_at) for r in counted))
         return holder
@@ -245,4 +248,21 @@ def _insert_params(r: NewMessage) -> tuple[Any, ...]:
 
 def _timed_row(r: NewMessage) -> Row:
     """A row with time or order options as tx.timed_params takes it."""
-    return (*_insert_params(r), r.delay_ms, r.run_at, r.priority, r.dedupe)
+    return (*_insert_params(r), r.delay_ms, r.run_at, r.priority, r.dedupe, r.dedupe_for_ms)
+
+
+async def _insert_timed_on(conn: AsyncConnection, rows: Sequence[NewMessage]) -> str | None:
+    """`tx.insert_timed` on the caller's connection (whose transaction holds SQLite's write lock)."""
+    now = now_ms()
+    holder = None
+    for i, r in enumerate(rows):
+        if i == 0 and r.dedupe is not None:
+            held = (await conn.exec_driver_sql(SQLITE_WINDOW_HOLDER, (r.queue, r.dedupe, now))).scalar()
+            if held is not None:
+                return str(held)
+        stored = (await conn.exec_driver_sql(SQLITE_INSERT_TIMED, timed_params(_timed_row(r), now))).rowcount
+        if not stored and i == 0:
+            holder = (await conn.exec_driver_sql(SQLITE_HOLDER, (r.queue, r.dedupe))).scalar()
+        elif stored and r.dedupe_for_ms is not None:
+            await conn.exec_driver_sql(SQLITE_WINDOW_HOLD, (r.queue, r.dedupe, r.id, r.dedupe_for_ms))
+    return holder

@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...ids import now_ms
-from ..sql.enqueue import SQLITE_HOLDER, SQLITE_INSERT, SQLITE_INSERT_TIMED
+from ..sql.enqueue import (
+    SQLITE_HOLDER,
+    SQLITE_INSERT,
+    SQLITE_INSERT_TIMED,
+    SQLITE_WINDOW_HOLD,
+    SQLITE_WINDOW_HOLDER,
+)
 from ..sql.settle import (
     ACK_BATCH_FROM,
     ACK_ROWS_PER_STATEMENT,
@@ -79,21 +85,29 @@ def insert_plain(raw: sqlite3.Connection, params: list[Row]) -> None:
 
 def timed_params(row: Row, now: int) -> Row:
     """SQLITE_INSERT_TIMED's parameters for a timed row: SQLITE_INSERT's parameters followed by
-    (delay_ms, run_at, priority, dedupe). A delay counts from `now`, this machine's clock (the claim's)."""
-    *plain, delay_ms, run_at, priority, dedupe = row
+    (delay_ms, run_at, priority, dedupe, dedupe_for_ms). A delay counts from `now`, this machine's
+    clock (the claim's); the window is not a column of the row (see `insert_timed`)."""
+    *plain, delay_ms, run_at, priority, dedupe, _window = row
     return (*plain, now + delay_ms if delay_ms is not None else run_at, priority, dedupe)
 
 
 def insert_timed(raw: sqlite3.Connection, rows: list[Row]) -> str | None:
     """Rows with time or order options (see `timed_params`), one by one. Returns the first row's
-    dedupe holder when its key is held, else None."""
+    dedupe holder when its key is held (then nothing is stored), else None."""
     now = now_ms()
     holder = None
     for i, row in enumerate(rows):
         params = timed_params(row, now)
+        queue, dedupe, window = params[2], params[-1], row[-1]
+        if i == 0 and dedupe is not None:
+            held = raw.execute(SQLITE_WINDOW_HOLDER, (queue, dedupe, now)).fetchone()
+            if held is not None:
+                return str(held[0])
         stored = raw.execute(SQLITE_INSERT_TIMED, params).rowcount
         if not stored and i == 0:
-            holder = raw.execute(SQLITE_HOLDER, (params[2], params[-1])).fetchone()[0]  # queue, dedupe
+            holder = raw.execute(SQLITE_HOLDER, (queue, dedupe)).fetchone()[0]
+        elif stored and window is not None:
+            raw.execute(SQLITE_WINDOW_HOLD, (queue, dedupe, params[0], window))
     return holder
 
 
