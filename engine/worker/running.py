@@ -196,7 +196,7 @@ class Runner:
         error: BaseException | None = None
         watch = self._hooks.begin(route, claimed, fx)
         running = self._running
-        running[claimed.id] = asyncio.current_task()  # type: ignore[assignment]  # always in a task
+        me = running[claimed.id] = asyncio.current_task()  # type: ignore[assignment]  # always in a task
         try:
             value = payloads.decode(route.signal, claimed.payload)
             timeout_s = route.flow.timeout_s
@@ -219,7 +219,8 @@ class Runner:
             ok, error = False, exc
             code, message, trace = failure_code(exc), failure_message(exc), failure_traceback(exc)
         finally:
-            del running[claimed.id]
+            if running.get(claimed.id) is me:  # a newer attempt of it (its lease ran out) may run here too
+                del running[claimed.id]
             self._held -= 1  # ended, with an outcome or (stopping) without one
         carried = None if watch is None else self._hooks.end(watch, route, claimed, error)  # metrics, tracing
         if self._asked and (note := self._asked.pop(claimed.id, None)) is not None:

@@ -147,3 +147,30 @@ async def test_a_handler_that_returned_first_keeps_its_outcome_and_its_task_runs
     assert runs == ["m1", "m2"] and [o.claimed.id for o in stopped] == ["m1"]
     assert [(o.claimed.id, o.ok) for o in settled] == [("m2", True)]
     assert runner.stop_running({"m2": "too late"}) == []  # it returned: the request is void for it
+
+
+async def test_two_attempts_of_one_message_in_one_worker_each_end_on_their_own() -> None:
+    """A lease ran out under a slow handler and this worker claimed the message again: both
+    attempts run here at once. Each ends with its own outcome, whichever ends first."""
+    release_old = asyncio.Event()
+    began: list[int] = []
+
+    async def handler(payload, fx):
+        began.append(fx.attempt)
+        if fx.attempt == 1:
+            await release_old.wait()
+
+    store = StoreDouble()
+    settled, stopped = [], []
+    runner = Runner(runtime(store), store, route("unit.q", handler), 2, settled.append, stopped.append)
+    old = claimed(1)
+    runner.start([old], 0.0)
+    while began != [1]:
+        await asyncio.sleep(0)
+    runner.start([old._replace(attempts=2)], 0.0)
+    while runner.held == 2:
+        await asyncio.sleep(0.01)  # the newer attempt returned first
+    release_old.set()
+    while runner.busy():
+        await asyncio.sleep(0.01)
+    assert sorted((o.claimed.attempts, o.ok) for o in settled) == [(1, True), (2, True)] and stopped == []
