@@ -19,7 +19,7 @@ from workers.once_worker import FAN_CONCURRENCY, LIMITED_CONCURRENCY, LIMITED_RA
 # A start is counted when its claim commits, by the store's clock; the handler starts when the
 # claim's answer has reached its process and the loop runs it. On a loaded machine that hand-over
 # takes up to this long, so handler starts a window apart are checked with this margin (the store's
-# own log of starts is exact: docs/design/rate-limit.md).
+# own log of starts is exact: docs/design/flow-limits.md).
 HANDOVER_MS = 300
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
+from ..store.limits import Override
 from ..store.wake import CANCELS, wake_local
 from . import clocks as _clocks
 from . import controls, flow_limits, keyheads, pausing, queries, repair, unbinding, verdict
@@ -103,6 +104,7 @@ __all__ = [
     "MessageRow",
     "NotPausable",
     "LimitState",
+    "check_limit",
     "PauseState",
     "waits_until",
     "Purged",
@@ -531,6 +533,13 @@ async def resume(
     return state
 
 
+def check_limit(concurrency: int | str | None, rate: str | None, *, reset: bool = False) -> Override | None:
+    """The override `limit` would write (None: a reset); ValueError for a bad value or mix."""
+    if reset and (concurrency is not None or rate is not None):
+        raise ValueError("--reset restores the declared limits: give it alone")
+    return None if reset else flow_limits.check_override(concurrency, rate)
+
+
 async def limit(
     store: Store,
     signal: str,
@@ -546,9 +555,7 @@ async def limit(
     later) until `reset=True` restores the declared ones. `concurrency`: an int ≥ 1 or "none";
     `rate`: "N/duration" or "none"; a limit not given keeps its override (or declaration). Audited.
     ValueError for a bad value or a live signal (nothing changes); UnknownSignal for an unknown name."""
-    if reset and (concurrency is not None or rate is not None):
-        raise ValueError("--reset restores the declared limits: give it alone")
-    override = None if reset else flow_limits.check_override(concurrency, rate)
+    override = check_limit(concurrency, rate, reset=reset)
     actor = actor or default_actor()
     state = await store.write(
         lambda conn: flow_limits.set_limit(conn, signal, override, actor=actor, reason=reason, source=source)

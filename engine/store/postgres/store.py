@@ -31,6 +31,7 @@ from .. import counts
 from ..base import Claimed, GatedClaim, NewMessage, Outcome, Store, check_keys, ensure_schema
 from ..caller import wake_after_commit
 from ..history import HistoryTally
+from ..limits import OVERRIDES_SQL, Override
 from ..pauses import PAUSED_SIGNALS_SQL
 from ..sql.claim import claim_order, postgres_claim_statement
 from ..sql.enqueue import (
@@ -346,6 +347,13 @@ class PostgresStore(Store):
         async with self.hot.connection() as conn:
             rows = await conn.fetch(PAUSED_SIGNALS_SQL)
         return frozenset(row[0] for row in rows)
+
+    async def limit_overrides(self) -> dict[str, Override]:
+        # On a hot connection in one statement, as the paused set: read at the same moments.
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            rows = await conn.fetch(OVERRIDES_SQL)
+        return {row[0]: Override(row[1], row[2]) for row in rows}
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.hot is not None, "store is not open"

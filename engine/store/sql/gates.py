@@ -12,7 +12,7 @@ snapshot: READ COMMITTED) include every claim committed before it.
 - rate N/W: at most N handler starts in any window of W ms, a start being counted when its claim
   takes the message, by the lease clock. The starts of the last W ms are rows of
   `oke_rate_starts`; older ones are deleted by the next claim that records a start.
-  docs/design/rate-limit.md says why a sliding window log, and what it guarantees at the edges.
+  docs/design/flow-limits.md says why a sliding window log, and what it guarantees at the edges.
 
 Standard library only: the SQLite writer process runs it.
 """
