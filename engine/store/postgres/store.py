@@ -33,7 +33,7 @@ from ..caller import wake_after_commit
 from ..history import HistoryTally
 from ..limits import OVERRIDES_SQL, Override
 from ..pauses import PAUSED_SIGNALS_SQL
-from ..sql.claim import claim_order, postgres_claim_statement
+from ..sql.claim import claim_order, gated_first_order, postgres_claim_statement
 from ..sql.enqueue import (
     COPY_COLUMNS,
     COPY_FROM_ROWS,
@@ -381,7 +381,8 @@ class PostgresStore(Store):
             rest = claim_size_step(limit - len(rows))
             if queues and rest > 0:
                 rows += await conn.fetch(claim_statement(rest), worker_id, lease_ms, list(queues))
-        return GatedClaim(held, claim_order([Claimed(*row) for row in rows]), held_back)
+        claimed = gated_first_order([Claimed(*row) for row in rows], {g.queue for g in gates})
+        return GatedClaim(held, claimed, held_back)
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         # Not joined with the next claim (SQLite does that): here the settle runs on its own

@@ -33,7 +33,7 @@ from ..base import Claimed, GatedClaim, NewMessage, Outcome, Store, check_keys, 
 from ..caller import wake_after_commit
 from ..history import HistoryTally
 from ..outage import READ_ONLY, disk_condition, read_only_dir
-from ..sql.claim import claim_order, sqlite_claim_statement
+from ..sql.claim import claim_order, gated_first_order, sqlite_claim_statement
 from ..sql.enqueue import (
     ENQUEUE_CHUNK,
     SQLITE_HOLDER,
@@ -244,7 +244,8 @@ class SqliteStore(Store):
             self.tally.settled(outcomes, held, failed_to)
             if not all(o.ok for o in outcomes):
                 wake_local(self.url)
-        return GatedClaim(held, _claimed(rows), held_back)
+        claimed = gated_first_order([Claimed(*row) for row in rows], {g.queue for g in gates})
+        return GatedClaim(held, claimed, held_back)
 
     def waker(self) -> Waker:
         return Waker(self.url, wal=WalWatch(self.path))
