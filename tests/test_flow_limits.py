@@ -11,9 +11,13 @@ import time
 
 import pytest
 
-from engine import oke, ops, signal
+from engine import flow, oke, ops, signal
 from engine.durations import parse_rate
+from engine.flows import Binding
+from consolekit import wait_for
+from okconsole.app import ConsoleApp
 from prockit import WorkerProcs, until
+from screenkit import screen_lines
 from workers.once_worker import FAN_CONCURRENCY, LIMITED_CONCURRENCY, LIMITED_RATE
 
 # A start is counted when its claim commits, by the store's clock; the handler starts when the
@@ -63,6 +67,10 @@ def most_starts_in(starts: list[int], window_ms: int) -> int:
             lo += 1
         best = max(best, hi - lo + 1)
     return best
+
+
+def _row(app: ConsoleApp, name: str) -> str:
+    return next((line for line in screen_lines(app) if line.strip().startswith(name + " ")), "")
 
 
 async def _start_three(procs: WorkerProcs, url: str) -> None:
@@ -145,9 +153,6 @@ async def test_an_override_reaches_every_process_within_a_second_until_reset(db_
 async def test_a_rate_limited_message_says_until_when_it_waits(db_url):
     paced = signal.once("lim.slow", rate="2/1h")
     async with oke("emitter", database_url=db_url, bindings=[]) as app:
-        from engine import flow
-        from engine.flows import Binding
-
         seen: list[str] = []
 
         async def handle(payload, fx):
@@ -163,3 +168,10 @@ async def test_a_rate_limited_message_says_until_when_it_waits(db_url):
         assert "2/1h" in verdict.detail and "next start fits at" in verdict.detail
         [row] = [s for s in await ops.stats(app.store) if s.signal == "lim.slow"]
         assert (row.rate, row.held_by, row.health) == ("2/1h", "rate", ["rate 2/1h"])
+
+    # the TUI overview marks it, in the health column and in its colour
+    console = ConsoleApp(db_url, refresh_s=0.2)
+    async with console.run_test(size=(160, 40)) as pilot:
+        await wait_for(pilot, lambda: "rate 2/1h" in _row(console, "lim.slow"))
+        cell = console.screen.query_one("#signals").get_cell("lim.slow", "health")
+        assert cell.plain == "rate 2/1h" and {str(span.style) for span in cell.spans} == {"yellow"}

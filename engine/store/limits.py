@@ -45,7 +45,9 @@ def in_force(declared_concurrency: int | None, declared_rate: str | None, overri
     """The limits a declaration and an override (if any) make together."""
     if override is None:
         return Limits(declared_concurrency, declared_rate, False)
-    concurrency = declared_concurrency if override.concurrency is None else override.concurrency or None
+    by_hand = override.concurrency
+    # A row written by hand with a negative concurrency is not an override: the declaration holds.
+    concurrency = declared_concurrency if by_hand is None or by_hand < 0 else by_hand or None
     rate = declared_rate if override.rate is None else None if override.rate == NONE else override.rate
     if rate is not None and parse_rate(rate) is None:
         rate = declared_rate  # a row written by hand that does not parse: the declaration holds

@@ -113,3 +113,13 @@ def test_limits_are_for_queue_signals_only():
         signal.live("feed.lim", concurrency=2)
     declared = signal.broadcast("fan.lim", concurrency=2, rate="3/s")
     assert (declared.concurrency, declared.rate, declared.limited) == (2, "3/s", True)
+
+
+def test_an_override_replaces_each_limit_it_names_and_a_row_written_by_hand_badly_does_not():
+    from engine.store.limits import Limits, Override, in_force
+
+    assert in_force(5, "10/1m", None) == Limits(5, "10/1m", False)
+    assert in_force(5, "10/1m", Override(2, None)) == Limits(2, "10/1m", True)
+    assert in_force(5, "10/1m", Override(0, "none")) == Limits(None, None, True)  # lifted
+    assert in_force(None, None, Override(None, "3/s")) == Limits(None, "3/s", True)
+    assert in_force(5, "10/1m", Override(-4, "lots")) == Limits(5, "10/1m", True)  # by hand: ignored
