@@ -1397,15 +1397,17 @@ class LimitRun:
         self.messages = max(30, cfg.messages // 20)  # capped ones
 
     async def emit(self, app: Any) -> None:
-        """Capped messages spread over the emission; paced ones in two bursts of three windows'
-        worth each (at a quarter and at three quarters of it), so the rate, not the emits, paces
-        them. An emit that raised (an outage) is made again (its first may be stored too: every
-        stored one is checked)."""
-        gap = self.cfg.emit_s / self.messages
-        burst_at = {self.messages // 4, self.messages * 3 // 4}
-        for n in range(self.messages):
-            await self._emit(app, self.capped, n)
-            if n in burst_at:
+        """Capped messages in bursts of 6 spread over the emission, so the limit, not the emits,
+        keeps them to 2 at once; paced ones in two bursts of three windows' worth each (at a
+        quarter and at three quarters of it). An emit that raised (an outage) is made again (its
+        first may be stored too: every stored one is checked)."""
+        bursts = self.messages // 6
+        gap = self.cfg.emit_s / bursts
+        paced_at = {bursts // 4, bursts * 3 // 4}
+        for b in range(bursts):
+            for n in range(6):
+                await self._emit(app, self.capped, b * 6 + n)
+            if b in paced_at:
                 for m in range(self.rate_count * 3):
                     await self._emit(app, self.paced, m)
             await asyncio.sleep(gap)
