@@ -75,6 +75,10 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
              no attempt started in one after its first 1.3 s (SPEC §11's 1 s, plus a claim's round
              trip), emits were still stored in the windows, pause/resume calls failed only in
              restarts (and were made again), and the signal ends resumed (the drain is `final`)
+  limits     `chaos.capped` (concurrency 2) and `chaos.paced` (8 starts a second) messages emitted
+             through the whole run under the same chaos (LimitRun): all delivered, never more than 2
+             capped handlers at once, never more than 8 paced starts in any window of 1 s less the
+             hand-over allowance, from the intervals the handlers logged; each limit was reached
 
 Exit status 0 when every check passes, 1 otherwise.
 """
@@ -1359,6 +1363,147 @@ async def check_clock(rep: Report, url: str, obs: Observed, workers: Workers) ->
               "was up or in an outage", problems)
 
 
+# --------------------------------------------------------------------------- flow limits
+
+from chaos_workers.worker import CAPPED, CAPPED_CONCURRENCY, PACED, PACED_RATE  # noqa: E402
+
+# A start is counted when its claim commits; the handler starts once the answer reached its worker
+# and the loop ran it. Under this run's load that takes up to this long: the window check on the
+# handlers' own start times allows it (docs/design/flow-limits.md).
+LIMIT_HANDOVER_MS = 400
+
+
+class LimitRun:
+    """The flow-limit section: `chaos.capped` (concurrency 2) and `chaos.paced` (8 starts a second)
+    messages emitted through the whole run, beside the jobs, under the same SIGKILLs, clean stops
+    and PostgreSQL restart; then checked from the intervals the handlers logged (DIR/limits-<ID>):
+
+      limits   every limited message delivered (held back, never failed); never more than 2
+               `chaos.capped` handlers running at once (a handler SIGKILLed mid-run counts until
+               its worker's kill); never more than 8 `chaos.paced` starts in any window of
+               1 s less the hand-over allowance; and the limit was reached (else it checked nothing)
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        from engine import signal
+
+        self.cfg = cfg  # declared after engine.reset() (run), as the jobs signal is
+        self.capped = signal.once(CAPPED, concurrency=CAPPED_CONCURRENCY)
+        self.paced = signal.once(PACED, rate=PACED_RATE)
+        from engine.durations import parse_rate
+
+        self.rate_count, self.window_ms = parse_rate(PACED_RATE) or (0, 0)
+        self.ids: list[str] = []
+        self.messages = max(30, cfg.messages // 20)  # capped ones
+
+    async def emit(self, app: Any) -> None:
+        """Capped messages in bursts of 6 spread over the emission, so the limit, not the emits,
+        keeps them to 2 at once; paced ones in two bursts of three windows' worth each (at a
+        quarter and at three quarters of it). An emit that raised (an outage) is made again (its
+        first may be stored too: every stored one is checked)."""
+        bursts = self.messages // 6
+        gap = self.cfg.emit_s / bursts
+        paced_at = {bursts // 4, bursts * 3 // 4}
+        for b in range(bursts):
+            for n in range(6):
+                await self._emit(app, self.capped, b * 6 + n)
+            if b in paced_at:
+                for m in range(self.rate_count * 3):
+                    await self._emit(app, self.paced, m)
+            await asyncio.sleep(gap)
+
+    async def _emit(self, app: Any, target: Any, n: int) -> None:
+        while True:
+            try:
+                self.ids.append(await app.emit(target, {"n": n}))
+                return
+            except Exception as err:
+                if not is_outage(err):
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def drained(self, url: str, deadline_s: float) -> str:
+        reader = Plain(url)
+        deadline, state = time.monotonic() + deadline_s, ""
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    rows = await reader.rows("SELECT status, count(*) FROM oke_messages WHERE signal IN ($1, $2) "
+                                             "GROUP BY status", CAPPED, PACED)
+                except Exception as err:
+                    state = f"({type(err).__name__})"
+                    await asyncio.sleep(0.5)
+                    continue
+                counts = dict(rows)
+                state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                if not counts.get("pending") and not counts.get("inflight"):
+                    return ""
+                await asyncio.sleep(0.25)
+            return state
+        finally:
+            await reader.close()
+
+    def intervals(self, root: Path, killed: dict[str, float]) -> dict[str, list[tuple[int, int]]]:
+        """Per signal, (start, end) of every handler run; one SIGKILLed mid-run ends at the kill."""
+        starts: dict[tuple[str, str], tuple[str, str, int]] = {}
+        out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for path in sorted(root.glob("limits-*")):
+            for line in path.read_text(errors="replace").splitlines():
+                kind, name, msg, attempt, worker, at = line.split(" ")
+                if kind == "L":
+                    starts[(msg, attempt)] = (name, worker, int(at))
+                else:
+                    name, _worker, started = starts.pop((msg, attempt))
+                    out[name].append((started, int(at)))
+        for name, worker, started in starts.values():
+            out[name].append((started, int(killed.get(worker, time.time()) * 1000)))
+        return out
+
+    async def check(self, rep: Report, url: str, root: Path, workers: Workers, not_drained: str) -> None:
+        rd = Plain(url)
+        try:
+            rows = await rd.rows("SELECT id, status FROM oke_messages WHERE signal IN ($1, $2)", CAPPED, PACED)
+        finally:
+            await rd.close()
+        runs = self.intervals(root, workers.killed)
+        problems = [f"{mid} ended {st}" for mid, st in rows if st != "delivered"]
+        problems += [f"emitted {mid} is not stored" for mid in set(self.ids) - {r[0] for r in rows}]
+        if not_drained:
+            problems.append(f"not drained: {not_drained}")
+        capped = most_at_once(runs[CAPPED])
+        if capped != CAPPED_CONCURRENCY:
+            problems.append(f"{CAPPED}: at most {capped} running at once, the limit is {CAPPED_CONCURRENCY}")
+        starts = sorted(start for start, _ in runs[PACED])
+        paced = most_in_window(starts, self.window_ms - LIMIT_HANDOVER_MS)
+        if paced > self.rate_count or most_in_window(starts, self.window_ms) < self.rate_count:
+            problems.append(f"{PACED}: {paced} starts within {self.window_ms - LIMIT_HANDOVER_MS} ms "
+                            f"(the rate is {PACED_RATE})")
+        rep.check("limits", not problems,
+                  f"{len(rows)} limited messages delivered; {CAPPED} at most {capped} at once "
+                  f"(limit {CAPPED_CONCURRENCY}), {PACED} at most {paced} starts in "
+                  f"{self.window_ms - LIMIT_HANDOVER_MS} ms ({PACED_RATE}) over {len(starts)} starts", problems)
+
+
+def most_at_once(runs: list[tuple[int, int]]) -> int:
+    """The most runs at once (one ending at t and one starting at t do not overlap)."""
+    edges = sorted([(end, -1) for _, end in runs] + [(start, 1) for start, _ in runs])
+    most = running = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def most_in_window(starts: list[int], window_ms: int) -> int:
+    """The most of the sorted `starts` in any interval [t, t + window_ms)."""
+    best, lo = 0, 0
+    for hi, at in enumerate(starts):
+        while starts[lo] <= at - window_ms:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
 # --------------------------------------------------------------------------- main
 
 async def run(cfg: Config, keep: bool) -> bool:
@@ -1390,6 +1535,7 @@ async def run(cfg: Config, keep: bool) -> bool:
         signal.live(TAPE, optional=True)
         obs = Observed()
         workers = Workers(cfg, url, root)
+        limited = LimitRun(cfg)
         # the first worker creates the schema, then the rest start
         workers.start(0)
         await workers.ready()
@@ -1415,6 +1561,7 @@ async def run(cfg: Config, keep: bool) -> bool:
             if pg is not None:
                 chaos.append(asyncio.create_task(restarter(pg, cfg, obs, progress)))
             emitting = asyncio.create_task(emitter(app, jobs, cfg, plan, obs, progress))
+            limit_emits = asyncio.create_task(limited.emit(app))
             while not emitting.done():
                 await asyncio.wait([emitting], timeout=5)
                 print(f"   {time.monotonic() - started:5.0f} s  emitted {len(obs.confirmed)}/{cfg.messages}, "
@@ -1429,6 +1576,8 @@ async def run(cfg: Config, keep: bool) -> bool:
             await asyncio.gather(*chaos)  # every restart was reached during the emission
             drained, state = await wait_drained(url, cfg, workers, cfg.drain_timeout_s)
             obs.drained = time.time()
+            await limit_emits
+            limits_left = await limited.drained(url, cfg.drain_timeout_s / 3)
             print(f"   {time.monotonic() - started:5.0f} s  {'drained' if drained else 'NOT DRAINED'}: {state}",
                   flush=True)
             # A lease-lost holder may still be running its handler (and appending to the tape) after
@@ -1440,6 +1589,7 @@ async def run(cfg: Config, keep: bool) -> bool:
             await asyncio.gather(*readers)
         rep = await verify(url, cfg, plan, obs, workers, stop_problems, root)
         await check_clock(rep, url, obs, workers)
+        await limited.check(rep, url, root, workers, limits_left)
         if not drained:
             rep.check("drain", False, f"not drained within {cfg.drain_timeout_s:.0f} s: {state}")
         rep.figures.insert(0, f"elapsed {time.monotonic() - started:.1f} s")

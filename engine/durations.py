@@ -24,6 +24,26 @@ def parse_duration_ms(text: object) -> int | None:
     return ms if ms <= MAX_DURATION_MS else None
 
 
+# A rate limit logs each start of its window (engine/store/sql/gates.py): at most this many.
+MAX_RATE_COUNT = 1_000_000
+_RATE = re.compile(r"([1-9][0-9]{0,6})/([1-9][0-9]{0,15})?(ms|s|m|h|d)")
+
+
+def parse_rate(text: object) -> tuple[int, int] | None:
+    """(N, window ms) for a rate like "100/1m" or "5/s" (one unit: "/1s"), or None when `text` is
+    not one, N is 0 or above MAX_RATE_COUNT, or the window is out of range."""
+    if not isinstance(text, str):
+        return None
+    match = _RATE.fullmatch(text)
+    if match is None:
+        return None
+    count = int(match.group(1))
+    window_ms = parse_duration_ms(f"{match.group(2) or 1}{match.group(3)}")
+    if count > MAX_RATE_COUNT or window_ms is None:
+        return None
+    return count, window_ms
+
+
 def option_seconds(value: object, what: str) -> float:
     """Seconds for a duration option given as "5s", a `timedelta`, or seconds as a number.
 

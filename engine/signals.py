@@ -13,12 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-from .durations import parse_duration_ms
+from .durations import MAX_RATE_COUNT, parse_duration_ms, parse_rate
 from .timing import Backoff, parse_backoff
 
 Kind = Literal["once", "broadcast", "live"]
 MAX_NAME_LENGTH = 200
-_OPTIONS = {"schema", "retries", "dead_letter", "optional", "retention", "description", "backoff"}
+_OPTIONS = {
+    "schema", "retries", "dead_letter", "optional", "retention", "description", "backoff", "concurrency", "rate",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class Signal:
     description: str = ""
     retention_rule: Retention = field(default_factory=Retention)
     backoff: Backoff | None = None  # None: a failed attempt is due again at once
+    # Flow limits, across every process sharing the store (engine/store/sql/gates.py): at most
+    # `concurrency` inflight at once, at most N handler starts per window of `rate` ("N/duration").
+    concurrency: int | None = None
+    rate: str | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.concurrency is not None or self.rate is not None
 
     def __repr__(self) -> str:
         return f"signal.{self.kind}({self.name!r})"
@@ -103,6 +113,34 @@ def _check_retention(label: str, retention: object) -> Retention:
     return Retention(max_age_ms=max_age_ms, max_count=max_count, max_age=max_age)
 
 
+def check_concurrency(label: str, value: object) -> int | None:
+    """A concurrency limit: None, or an int ≥ 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{label}: concurrency must be an int ≥ 1 (or None), got {value!r}")
+    return value
+
+
+def check_rate(label: str, value: object) -> str | None:
+    """A rate limit: None, or "N/duration" with 1 ≤ N ≤ MAX_RATE_COUNT, such as "100/1m" or "5/s"."""
+    if value is None:
+        return None
+    if parse_rate(value) is None:
+        raise ValueError(
+            f'{label}: rate must be "N/duration" with N from 1 to {MAX_RATE_COUNT:,} and a duration '
+            f'such as "100/1m" or "5/s", got {value!r}'
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def _check_limits(label: str, kind: Kind, options: dict[str, Any]) -> tuple[int | None, str | None]:
+    if kind == "live" and ("concurrency" in options or "rate" in options):
+        raise TypeError(f"{label}: concurrency and rate are for once and broadcast signals (a live tape runs nothing)")
+    return check_concurrency(label, options.get("concurrency")), check_rate(label, options.get("rate"))
+
+
 def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
     label = f"signal.{kind}({name!r})" if not isinstance(name, str) else f'signal.{kind}("{name}")'
     unknown = set(options) - _OPTIONS
@@ -127,6 +165,7 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
     if "backoff" in options and kind == "live":
         raise TypeError(f"{label}: backoff is for once and broadcast signals (a live tape has no attempts)")
     backoff = parse_backoff(label, options.get("backoff"))
+    concurrency, rate = _check_limits(label, kind, options)
     description = options.get("description", name)
     if not isinstance(description, str):
         raise TypeError(f"{label}: description must be a string")
@@ -141,6 +180,8 @@ def _declare(kind: Kind, name: object, options: dict[str, Any]) -> Signal:
         description=description or name,
         retention_rule=rule,
         backoff=backoff,
+        concurrency=concurrency,
+        rate=rate,
     )
     _REGISTRY[name] = declared
     return declared

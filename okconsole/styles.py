@@ -24,7 +24,15 @@ PAUSED_MARK = "paused"  # what marks a paused signal in the TUI overview (a word
 
 
 # a health mark (engine/ops/health.py) by its first word: lost or failing work red, a backlog yellow
-HEALTH_STYLE = {"dead": DEAD_STYLE, "fail": DEAD_STYLE, "orphaned": DEAD_STYLE, "lag": "yellow", "paused": PAUSED_STYLE}
+HEALTH_STYLE = {
+    "dead": DEAD_STYLE,
+    "fail": DEAD_STYLE,
+    "orphaned": DEAD_STYLE,
+    "lag": "yellow",
+    "paused": PAUSED_STYLE,
+    "limit": "yellow",
+    "rate": "yellow",
+}
 HEALTH_OK = "ok"  # what a signal with no mark shows
 
 
@@ -54,5 +62,7 @@ VERDICT_STYLE: dict[str, str] = {
     "blocked_by_key": "bold yellow",
     "paused": "bold yellow",
     "not_due": "yellow",
+    "concurrency_limited": "yellow",
+    "rate_limited": "yellow",
     "due": "yellow",
 }

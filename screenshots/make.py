@@ -2,6 +2,7 @@
 
     python screenshots/make.py            # writes screenshots/*.svg (200×50) and screenshots/80x24/*.svg
     python screenshots/make.py clocks     # only clocks.svg (both sizes)
+    python screenshots/make.py limited    # only overview-limited.svg (200×50)
 
 It runs the bundled demo on a temporary SQLite store (workers, HTTP and traffic
 with failures) and, while it runs, drives `ConsoleApp` with Pilot through every
@@ -175,7 +176,38 @@ async def clocks_only() -> None:
     print("wrote", ", ".join(f"{out.relative_to(HERE.parent)}/clocks.svg" for out in SIZES.values()))
 
 
+async def shoot_limited(url: str, out: Path, size: tuple[int, int]) -> None:
+    """The overview with tasks.email held at a rate limit an operator set with the real CLI; reset after."""
+    okconsole = [sys.executable, "-m", "okconsole", "--db", url, "limit", "tasks.email", "--yes"]
+    subprocess.run([*okconsole, "--rate", "2/1m", "--reason", "relay throttles us"], check=True, cwd=HERE.parent)
+    app = ConsoleApp(url, refresh_s=0.5)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot, lambda: app.screen.query_one("#signals").row_count >= 4)
+            await settle(pilot, lambda: marked(app.screen.query_one("#signals"), "rate 2/1m"), timeout=20.0)
+            await pilot.pause(1.0)
+            app.save_screenshot("overview-limited.svg", str(out))
+    finally:
+        subprocess.run([*okconsole, "--reset"], check=True, cwd=HERE.parent)
+
+
+async def limited_only() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite+aiosqlite:///{tmp}/oke.db"
+        demo = DemoRunner(url, port=free_port(), seed=7)
+        await demo.start()
+        try:
+            await asyncio.sleep(6)
+            await shoot_limited(url, HERE, (200, 50))
+        finally:
+            await demo.stop()
+    print("wrote screenshots/overview-limited.svg")
+
+
 async def main() -> None:
+    if sys.argv[1:] == ["limited"]:
+        await limited_only()
+        return
     if sys.argv[1:] == ["clocks"]:
         await clocks_only()
         return
@@ -193,6 +225,8 @@ async def main() -> None:
             for size, out in SIZES.items():
                 await shoot_workers(url, out, size)
                 saved.append(f"{out.relative_to(HERE.parent)}/workers.svg")
+            await shoot_limited(url, HERE, (200, 50))
+            saved.append("screenshots/overview-limited.svg")
         finally:
             await demo.stop()
     print("wrote", ", ".join(saved))

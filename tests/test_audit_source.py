@@ -73,7 +73,7 @@ async def test_a_version_5_store_gains_the_audit_source_and_keeps_its_rows(db_ur
         assert (
             int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'"))
             == schema_mod.SCHEMA_VERSION
-            == 10
+            == 11
         )
         [old] = await ops.audit(store)
         assert (old.actor, old.reason, old.source) == ("old", "before the upgrade", None)

@@ -268,7 +268,7 @@ async def test_a_version_2_store_is_upgraded_in_place(db_url):
 
     async with oke("console", database_url=db_url, bindings=[]) as app:  # binds nothing: only upgrades
         assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == \
-            schema_mod.SCHEMA_VERSION == 10
+            schema_mod.SCHEMA_VERSION == 11
         [old] = await ops.bindings(app.store)
         assert (old.flow, old.last_seen, old.active) == ("search", recorded_at, True)  # seen when recorded
         assert (await ops.show(app.store, first)).status == "pending"
@@ -291,7 +291,7 @@ async def test_a_version_3_store_is_upgraded_in_place_and_its_messages_stay_due(
         first = await app.emit(tasks, {"n": 1})
         await app.store.write(_downgrade_to_version_3)
     async with oke("t", database_url=db_url, bindings=bindings) as app:
-        assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == 10
+        assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == 11
         assert await scalar(db_url, "SELECT count(*) FROM oke_pauses") == 0
         await app.drain()
         assert (await ops.show(app.store, first)).status == "delivered"

@@ -129,7 +129,8 @@ def test_stats_json_and_table(db_url, shop):
     assert set(got) == {"shop.email", "shop.audit", "shop.idle"}
     for r in rows:
         assert set(r) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead", "lag_ms",
-                          "flows", "paused", "scheduled", "kept", "head", "events_per_s", "health"}
+                          "flows", "paused", "scheduled", "kept", "head", "events_per_s", "health",
+                          "concurrency", "rate", "running", "held_by"}
     assert {k: got["shop.email"][k] for k in ("kind", "pending", "inflight", "delivered", "dead", "lag_ms")} == \
         {"kind": "once", "pending": 0, "inflight": 0, "delivered": 2, "dead": 2, "lag_ms": None}
     assert got["shop.idle"]["delivered"] == 0 and got["shop.audit"]["delivered"] == 1

@@ -99,7 +99,7 @@ def test_help_summaries_are_whole_sentences_and_read_only_names_every_write(sqli
         "replay": ["shop.email", "--all"], "purge": ["shop.email", "--status", "dead"],
         "unbind": ["shop.email", "w.email"], "pause": ["shop.email"], "resume": ["shop.email"],
         "cancel": ["shop.email", ids["bad1"]], "delete": ["shop.email", ids["bad1"]],
-        "retry": ["shop.email", ids["bad1"]],
+        "retry": ["shop.email", ids["bad1"]], "limit": ["shop.email", "--concurrency", "2"],
     }
     assert calls.keys() == set(WRITE_COMMANDS)
     for name, args in calls.items():

@@ -144,7 +144,7 @@ async def test_a_version_4_store_is_upgraded_to_bytewise_names_and_keeps_working
     async with oke("c", database_url=en_us_url) as app:
         version = await app.store.read(lambda c: c.execute(text(
             "SELECT value FROM oke_meta WHERE key = 'schema_version'")).scalar())
-        assert int(version) == schema_mod.SCHEMA_VERSION == 10
+        assert int(version) == schema_mod.SCHEMA_VERSION == 11
         collations = await app.store.read(_collations)
         assert {collations[(t, c)] for t, cols in _name_columns().items() for c in cols} == {"C"}
         # the rebuilt dedupe index still answers the emit's ON CONFLICT: the held key returns its holder

@@ -150,7 +150,7 @@ async def test_a_version_1_store_is_upgraded_and_its_messages_counted(db_url):
     async with oke("c", database_url=db_url) as app:
         version = await app.store.read(lambda c: c.execute(text(
             "SELECT value FROM oke_meta WHERE key = 'schema_version'")).scalar())
-        assert int(version) == schema_mod.SCHEMA_VERSION == 10  # 1 -> 2 -> ... -> 10 in one boot
+        assert int(version) == schema_mod.SCHEMA_VERSION == 11  # 1 -> 2 -> ... -> 11 in one boot
         assert await assert_counts_exact(app.store) == {
             ("c.old", "delivered"): 20, ("c.old", "dead"): 10, ("c.old", "pending"): 10}
         await app.drain()

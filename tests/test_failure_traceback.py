@@ -114,8 +114,8 @@ async def test_a_version_6_store_gains_the_traceback_column_and_keeps_its_failur
     await execute(db_url, "ALTER TABLE oke_failures DROP COLUMN traceback")  # the layout version 6 had
     await execute(db_url, "UPDATE oke_meta SET value = '6' WHERE key = 'schema_version'")
     old = await with_store(db_url, lambda store: ops.show(store, msg))  # upgrades in place
-    assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == 10
-    assert schema_mod.SCHEMA_VERSION == 10
+    assert int(await scalar(db_url, "SELECT value FROM oke_meta WHERE key = 'schema_version'")) == 11
+    assert schema_mod.SCHEMA_VERSION == 11
     assert [(f.attempt, f.code, f.traceback) for f in old.failures] == [(1, "HOSTILE", None), (2, "HOSTILE", None)]
     again = await dead_after_two_attempts(db_url)
     assert all(f.traceback for f in (await with_store(db_url, lambda store: ops.show(store, again))).failures)

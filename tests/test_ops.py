@@ -91,7 +91,7 @@ async def test_stats_counts_every_status_and_lists_idle_signals(db_url):
     assert got["t.fan"].kind == "broadcast"
     assert set(ops.to_json(w)) == {"signal", "kind", "description", "pending", "inflight", "delivered", "dead",
                                    "lag_ms", "flows", "paused", "scheduled", "kept", "head", "events_per_s",
-                                   "health"}
+                                   "health", "concurrency", "rate", "running", "held_by"}
     assert (w.description, w.flows) == ("t.work", ["w.work"])  # the description defaults to the name
     assert (idle.description, idle.flows) == ("never emitted", [])
 

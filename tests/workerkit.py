@@ -120,6 +120,9 @@ class StoreDouble:
     def cancel_waker(self) -> Waker:
         return Waker(self.url, "cancel\x1f")
 
+    async def limit_overrides(self) -> dict:
+        return {}  # no flow limits: the pool claims with the plain claim
+
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool:
         self._call("renew", claimed.id)
         await asyncio.sleep(0)

@@ -26,9 +26,10 @@ from typing import Any
 from .. import json_schemas
 from ..signals import declared
 from ..store import Store, registry
+from ..store.limits import Override
 from ..store.wake import CANCELS, wake_local
 from . import clocks as _clocks
-from . import controls, keyheads, pausing, queries, repair, unbinding, verdict
+from . import controls, flow_limits, keyheads, pausing, queries, repair, unbinding, verdict
 from . import doctor as _doctor
 from . import health as _health
 from . import history as _history
@@ -37,6 +38,7 @@ from . import why as _why
 from . import workers as _workers
 from .clocks import ClockInfo
 from .doctor import DUE_AFTER_MS
+from .flow_limits import LimitState
 from .history import HistoryPoint
 from .records import (
     STATUSES,
@@ -101,6 +103,8 @@ __all__ = [
     "MessagePage",
     "MessageRow",
     "NotPausable",
+    "LimitState",
+    "check_limit",
     "PauseState",
     "waits_until",
     "Purged",
@@ -169,7 +173,7 @@ async def signal_info(store: Store, name: str) -> SignalInfo | None:
 async def stats(store: Store) -> list[SignalStats]:
     """Per signal (recorded ones included at zero): counts by status, the oldest pending age and
     the health marks of what needs a look (engine/ops/health.py)."""
-    return await store.read(lambda conn: _health.with_health(conn, queries.stats(conn)))
+    return await store.read(lambda conn: _health.with_health(conn, flow_limits.with_limits(conn, queries.stats(conn))))
 
 
 async def history(store: Store, signal: str, since_ms: int, until_ms: int | None = None) -> list[HistoryPoint]:
@@ -526,6 +530,38 @@ async def resume(
     state = await store.write(lambda conn: pausing.resume(conn, signal, actor=actor, reason=reason, source=source))
     if state.changed:
         wake_local(store.url)
+    return state
+
+
+def check_limit(concurrency: int | str | None, rate: str | None, *, reset: bool = False) -> Override | None:
+    """The override `limit` would write (None: a reset); ValueError for a bad value or mix."""
+    if reset and (concurrency is not None or rate is not None):
+        raise ValueError("--reset restores the declared limits: give it alone")
+    return None if reset else flow_limits.check_override(concurrency, rate)
+
+
+async def limit(
+    store: Store,
+    signal: str,
+    *,
+    concurrency: int | str | None = None,
+    rate: str | None = None,
+    reset: bool = False,
+    actor: str | None = None,
+    reason: str | None = None,
+    source: str | None = None,
+) -> LimitState:
+    """Override `signal`'s flow limits cluster-wide (each process's workers follow from at most 1 s
+    later) until `reset=True` restores the declared ones. `concurrency`: an int ≥ 1 or "none";
+    `rate`: "N/duration" or "none"; a limit not given keeps its override (or declaration). Audited.
+    ValueError for a bad value or a live signal (nothing changes); UnknownSignal for an unknown name."""
+    override = check_limit(concurrency, rate, reset=reset)
+    actor = actor or default_actor()
+    state = await store.write(
+        lambda conn: flow_limits.set_limit(conn, signal, override, actor=actor, reason=reason, source=source)
+    )
+    if state.changed:
+        wake_local(store.url)  # a raised or lifted limit: this process's idle workers claim at once
     return state
 
 

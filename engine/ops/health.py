@@ -3,7 +3,8 @@
 One word per reason, the worst first: `dead+12` (dead letters added in the last 15 min), `fail 35%`
 (failed and dead attempts over every finished one in the last 5 min, at 20 % or more), `orphaned 3`
 (leases held by a worker not seen for 30 s), `lag 7m` (the oldest due message waited over 5 min),
-`paused`. No word: nothing needs a look. The overview refreshes every second, so the marks cost a
+`limit 5/5` or `rate 100/1m` (due messages wait behind a flow limit), `paused`. No word: nothing
+needs a look. The overview refreshes every second, so the marks cost a
 bounded read whatever the store's size:
 - the windows come from the per-minute history through `signal_checks.window_sums`, the read doctor's
   `dead_letters` and `failure_rate` make (one statement, its (signal, minute) key: at most 16 rows
@@ -70,7 +71,7 @@ def short_age(ms: int) -> str:
 
 def marks(row: SignalStats, dead: WindowSums, recent: WindowSums, orphaned: int) -> list[str]:
     """The words for one queue signal, the worst first: lost messages, then failing work, stuck
-    leases, a backlog, and last a pause an operator chose."""
+    leases, a backlog, then a flow limit and a pause an operator chose."""
     words = []
     if dead.dead:
         words.append(f"dead+{dead.dead}")
@@ -80,6 +81,10 @@ def marks(row: SignalStats, dead: WindowSums, recent: WindowSums, orphaned: int)
         words.append(f"orphaned {orphaned}")
     if row.lag_ms is not None and row.lag_ms > LAG_LIMIT_MS:
         words.append(f"lag {short_age(row.lag_ms)}")
+    if row.held_by == "concurrency":
+        words.append(f"limit {row.running}/{row.concurrency}")
+    elif row.held_by == "rate":
+        words.append(f"rate {row.rate}")
     if row.paused:
         words.append("paused")
     return words

@@ -123,6 +123,12 @@ class SignalStats:
     # what needs a look (engine/ops/health.py), one short word per reason, the worst first:
     # "dead+12", "fail 35%", "orphaned 3", "lag 7m", "paused"; empty: nothing does
     health: list[str] = field(default_factory=list)
+    # flow limits in force (declared, or an operator's override; None: none), the messages
+    # inflight under a live lease, and the limit holding due messages back now ("concurrency", "rate")
+    concurrency: int | None = None
+    rate: str | None = None
+    running: int = 0
+    held_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
 unit tests build snapshots by hand. A message that is not finished can be held for several reasons
 at once; the verdict is the first that applies, in the order an engineer acts on them:
 
-    running > orphaned > paused > no_worker > blocked_by_key > not_due > due
+    running > orphaned > paused > no_worker > blocked_by_key > not_due > concurrency_limited >
+    rate_limited > due
 
 - a message under a live lease is `running` whatever else holds (a paused signal lets a running
   handler finish); one whose holder is gone is `orphaned`, the state of the message itself;
@@ -12,7 +13,9 @@ at once; the verdict is the first that applies, in the order an engineer acts on
   nothing of the signal runs until `resume`, whatever else is fixed;
 - `no_worker` before `blocked_by_key`: without a process bound to the signal the head cannot run
   either, so fixing the head changes nothing yet;
-- `blocked_by_key` before `not_due`: when its time comes the message still waits for the head.
+- `blocked_by_key` before `not_due`: when its time comes the message still waits for the head;
+- a flow limit (`concurrency_limited`, `rate_limited`) holds only a due message, so it comes last
+  before `due`: the limit's figures and, for a rate, when the next start fits.
 
 The detail names the other reasons that also hold ("also: blocked_by_key, not_due"), so the
 precedence hides nothing. A cancelled message is `dead` (cancel ends it dead with code
@@ -32,7 +35,10 @@ NO_WORKER_AFTER_MS = 5 * 60_000  # no process bound to the signal seen for this 
 CANCELLED = "Cancelled"  # the failure code `cancel` records (engine/ops/controls.py)
 TEXT_BYTES = 200  # of one stored text (a failure message, a reason) in the one-line detail
 
-VERDICTS = ("delivered", "dead", "running", "orphaned", "paused", "no_worker", "blocked_by_key", "not_due", "due")
+VERDICTS = (
+    "delivered", "dead", "running", "orphaned", "paused", "no_worker", "blocked_by_key", "not_due",
+    "concurrency_limited", "rate_limited", "due",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,18 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class LimitHeld:
+    """A flow limit holding the message's queue back: "concurrency" (`running` of `concurrency`
+    inflight) or "rate" (its window full until `until`, by the lease clock)."""
+
+    limit: str
+    running: int
+    concurrency: int | None
+    rate: str | None
+    until: int | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What the verdict needs of one message, read in one transaction. Lease times by the store's
     lease clock (`now`); `bound_seen_ago_ms`: since a process bound to the message's queue was last
@@ -85,6 +103,7 @@ class Snapshot:
     head: Head | None = None
     pause: Pause | None = None
     bound_seen_ago_ms: int | None = 0
+    limit: LimitHeld | None = None
 
 
 def shown(value: object) -> str:
@@ -202,6 +221,27 @@ def _not_due(s: Snapshot) -> Reason | None:
     )
 
 
+def _limited(s: Snapshot) -> Reason | None:
+    held = s.limit
+    if held is None or s.status != "pending" or (s.run_at is not None and s.run_at > s.now):
+        return None
+    change = f"okconsole limit {shown(s.signal)} changes it"
+    if held.limit == "concurrency":
+        return (
+            "concurrency_limited",
+            f"{held.running} of at most {held.concurrency} running (concurrency limit): "
+            f"waits until one of them ends; {change}",
+            _due_since(s),
+        )
+    until = held.until if held.until is not None else s.now
+    return (
+        "rate_limited",
+        f"the rate limit {shown(held.rate)} is used up: the next start fits at {clock(until)} "
+        f"(in {span(until - s.now)}); {change}",
+        _due_since(s),
+    )
+
+
 def _due(s: Snapshot) -> Reason:
     if s.status == "inflight":
         lost = f"its lease expired {span(s.now - (s.lease_expires_at or s.now))} ago"
@@ -214,7 +254,7 @@ def _due(s: Snapshot) -> Reason:
     )
 
 
-HOLDS = (_paused, _no_worker, _blocked, _not_due)
+HOLDS = (_paused, _no_worker, _blocked, _not_due, _limited)
 
 
 def _finished(s: Snapshot) -> Why:

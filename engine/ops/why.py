@@ -1,7 +1,8 @@
 """`why`: read the snapshot of one message that `verdict.decide` judges, in one read transaction.
 
 The reads are point lookups: the message by id, its newest failure, the worker its lease names,
-the head of its key (the ready-key index), the signal's pause, and the bindings of its queue.
+the head of its key (the ready-key index), the signal's pause, the bindings of its queue, and
+the flow limit holding its queue back (engine/ops/flow_limits.py).
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 from sqlalchemy import Connection, func, select
 
 from ..ids import now_ms
-from ..store import registry, schema
+from ..store import limits, registry, schema
 from ..store.base import lease_clock_ms
-from . import keyheads, queries
+from . import flow_limits, keyheads, queries
 from .records import UnknownMessage
-from .verdict import Head, Holder, Pause, Snapshot
+from .verdict import Head, Holder, LimitHeld, Pause, Snapshot
 
 m = schema.messages
 w = schema.workers
@@ -56,6 +57,15 @@ def _bound_seen_ago_ms(conn: Connection, signal: str, queue: str, flow: str | No
     return None if seen is None else max(0, now_ms() - int(seen))
 
 
+def _limit(conn: Connection, signal: str, queue: str, now: int) -> LimitHeld | None:
+    """The flow limit holding `queue` back now, if one does."""
+    held = flow_limits.holds(conn, signal, limits.limits_of(conn, signal), now, queue)
+    if not held:
+        return None
+    h = held[0]
+    return LimitHeld(h.limit, h.running, h.concurrency, h.rate, h.until)
+
+
 def snapshot(conn: Connection, message_id: str) -> Snapshot:
     """What `verdict.decide` needs of `message_id`; UnknownMessage when there is no such message."""
     if not isinstance(message_id, str) or not message_id.startswith(ID_PREFIX):
@@ -64,6 +74,7 @@ def snapshot(conn: Connection, message_id: str) -> Snapshot:
     if row is None:
         raise UnknownMessage([message_id], None)
     unfinished = row.status in ("pending", "inflight")
+    now = lease_clock_ms(conn)
     return Snapshot(
         id=row.id,
         signal=row.signal,
@@ -71,7 +82,7 @@ def snapshot(conn: Connection, message_id: str) -> Snapshot:
         attempts=row.attempts,
         created_at=row.created_at,
         updated_at=row.updated_at,
-        now=lease_clock_ms(conn),
+        now=now,
         key=row.key,
         finished_at=row.finished_at,
         run_at=row.run_at,
@@ -81,4 +92,5 @@ def snapshot(conn: Connection, message_id: str) -> Snapshot:
         head=_head(conn, row) if unfinished else None,
         pause=_pause(conn, row.signal) if unfinished else None,
         bound_seen_ago_ms=_bound_seen_ago_ms(conn, row.signal, row.queue, row.flow) if unfinished else 0,
+        limit=_limit(conn, row.signal, row.queue, now) if row.status == "pending" else None,
     )

@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..ids import now_ms
-from . import counts, migrations, pauses, schema, search_index
+from . import counts, limits, migrations, pauses, schema, search_index
 from .history import HistoryTally
 from .sql.claim import POSTGRES_LEASE_CLOCK
+from .sql.gates import Gate
 from .sql.notify import notify_queues
 from .wake import CANCELS, PauseNotices, Waker, wake_local
 
@@ -71,6 +72,16 @@ class Claimed(NamedTuple):
     parent_run_id: str | None
     traceparent: str | None = None  # the span contexts it carries (engine/telemetry/tracing.py)
     priority: int = 0
+
+
+class GatedClaim(NamedTuple):
+    """A claim over gated (limited) queues besides plain ones: whether this worker still held each
+    outcome settled with it, the messages claimed, and how long an idle lane may sleep before a
+    limit that held messages back may let more through (None: no limit held any back)."""
+
+    held: list[bool]
+    claimed: list[Claimed]
+    held_back_ms: int | None
 
 
 class Outcome(NamedTuple):
@@ -162,6 +173,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     7: migrations.add_search_index,  # 7 -> 8: the text index behind search, filled in the background
     8: migrations.add_cancel_requests,  # 8 -> 9: operators' requests to stop a running handler
     9: migrations.add_windows_and_clocks,  # 9 -> 10: dedupe windows and clock triggers (new tables)
+    10: migrations.add_flow_limits,  # 10 -> 11: flow limits: declared, overridden, and the rate log
 }
 
 
@@ -207,6 +219,21 @@ class Store(abc.ABC):
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         """Record outcomes and runs; returns, per outcome, whether this worker still held the lease."""
 
+    @abc.abstractmethod
+    async def claim_gated(
+        self,
+        worker_id: str,
+        outcomes: Sequence[Outcome],
+        queues: Sequence[str],
+        gates: Sequence[Gate],
+        lease_ms: int,
+        limit: int,
+        gated_limit: int,
+    ) -> GatedClaim:
+        """Settle `outcomes`, then claim up to `gated_limit` messages of the gated queues within
+        their limits (exact across processes: counted in the claim's transaction, sql/gates.py),
+        then up to `limit` less those from the plain `queues` as `claim` does."""
+
     # Claims one worker may have in flight at once, each on its own connection. More than one lets
     # a worker claim ahead of its free slots (engine/worker/claim_ahead.py); claims that would only
     # queue on one writer thread (SQLite's, when it is not a process of its own) keep one.
@@ -229,6 +256,11 @@ class Store(abc.ABC):
     async def paused_signals(self) -> frozenset[str]:
         """Every signal paused now: a worker reads it before a claim when its copy is stale."""
         return await self.read(pauses.paused_signals)
+
+    async def limit_overrides(self) -> dict[str, limits.Override]:
+        """Every operator override of a signal's flow limits: a worker reads them as it reads the
+        paused set (engine/worker/limiting.py)."""
+        return await self.read(limits.overrides)
 
     def pause_notices(self) -> PauseNotices | None:
         """Where this process hears of pause changes as they commit; None where it cannot (SQLite:

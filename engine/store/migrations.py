@@ -30,6 +30,9 @@ _V6_COLUMNS = {"oke_audit": {"source": "TEXT"}}
 # the column version 7 added to oke_failures (NULL: no traceback recorded)
 _V7_COLUMNS = {"oke_failures": {"traceback": "TEXT"}}
 
+# the columns version 11 added to oke_signals (NULL: no limit declared)
+_V11_COLUMNS = {"oke_signals": {"concurrency": "INTEGER", "rate": "TEXT"}}
+
 
 def _add_columns(conn: Connection, tables: dict[str, dict[str, str]]) -> None:
     found = inspect(conn)
@@ -104,3 +107,9 @@ def add_windows_and_clocks(conn: Connection) -> None:
     (oke_clocks). Both are new tables, which create_all has made before this step runs; nothing
     of an older store changes."""
     del conn
+
+
+def add_flow_limits(conn: Connection) -> None:
+    """10 -> 11: signals' declared concurrency and rate (the overrides and the rate log are new
+    tables from create_all). A signal recorded before declares no limit until its app boots again."""
+    _add_columns(conn, _V11_COLUMNS)

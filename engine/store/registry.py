@@ -65,6 +65,8 @@ def record(
             "app": app_name,
             "updated_at": now,
             "json_schema": json_schemas.describe(s),
+            "concurrency": s.concurrency,
+            "rate": s.rate,
         }
         for s in sorted(signals, key=lambda s: s.name)
     ]

@@ -25,7 +25,9 @@ from sqlalchemy.engine import Dialect
 # 9: operators' requests to stop a running handler (oke_cancels, a new table: store/cancels.py)
 # 10: dedupe keys held for a window after their message finished (oke_dedupe_holds) and the clock
 #    triggers each app declared (oke_clocks); new tables only (create_all adds them)
-SCHEMA_VERSION = 10
+# 11: flow limits: each signal's declared concurrency and rate (oke_signals), an operator's
+#    overrides (oke_limits) and the rate-limited starts of the last window (oke_rate_starts)
+SCHEMA_VERSION = 11
 READY = "status IN ('pending', 'inflight')"
 
 metadata = MetaData()
@@ -74,6 +76,9 @@ signals = Table(
     # The payload schema as JSON Schema text ("{}" without a schema); NULL when the schema is a
     # plain callable (or was never recorded): a console then cannot check a replacement payload.
     Column("json_schema", Text),
+    # The flow limits the app declared (signal.once(..., concurrency=N, rate="N/1m")), NULL: none.
+    Column("concurrency", Integer),
+    Column("rate", Text),
 )
 
 bindings = Table(
@@ -175,6 +180,31 @@ cancels = Table(
     Column("actor", Name(200), nullable=False),
     Column("reason", Text),
 )
+
+
+# An operator's overrides of a signal's declared flow limits (`okconsole limit`), until a reset
+# deletes the row. Per limit: NULL follows the declaration, 0 / "none" lifts it, else the value.
+limits = Table(
+    "oke_limits",
+    metadata,
+    Column("signal", Name(200), primary_key=True),
+    Column("concurrency", Integer),
+    Column("rate", Text),
+    Column("set_at", BigInteger, nullable=False),
+    Column("actor", Name(200), nullable=False),
+    Column("reason", Text),
+)
+
+# The handler starts of rate-limited queues inside their window (engine/store/sql/gates.py): a
+# gated claim logs one row per start and deletes the ones older than the window.
+rate_starts = Table(
+    "oke_rate_starts",
+    metadata,
+    Column("id", Seq, primary_key=True, autoincrement=True),
+    Column("queue", Name(401), nullable=False),
+    Column("at", BigInteger, nullable=False),
+)
+Index("oke_rate_starts_queue", rate_starts.c.queue, rate_starts.c.at)
 
 
 # Every running worker pool, upserted at its start and by its heartbeat (engine/heartbeat.py); times by

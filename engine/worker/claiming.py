@@ -11,10 +11,12 @@ import time
 from ..runtime import Runtime
 from ..store import Claimed
 from ..store.outage import is_outage
+from ..store.sql.gates import Gate
 from ..store.wake import Waker
 from .averages import ewma
 from .claim_ahead import claim_ahead, claim_size
 from .handoff import HandoffOffer
+from .limiting import LimitWatcher
 from .pausing import PauseWatcher
 from .running import Runner
 from .settling import Settler
@@ -39,9 +41,12 @@ class Claimer:
         settler: Settler,
         pauses: PauseWatcher,
         offer: HandoffOffer,
+        limits: LimitWatcher,
     ) -> None:
         self._runtime, self._store, self._queues, self._concurrency = runtime, store, queues, concurrency
         self._runner, self._settler, self._pauses, self._offer = runner, settler, pauses, offer
+        self._limits = limits
+        self._held_back_ms: int | None = None  # the last gated claim: how soon a limit may let more through
         self._requested = 0  # rows asked for by claims in flight
         self._claim_s = 0.0  # moving average; 0 until measured (no claiming ahead before that)
         self._listening = False  # an idle lane waits for wake-ups; the others for `_burst`
@@ -68,8 +73,10 @@ class Claimer:
         while not stop.is_set():
             # Before the size: from the size on, nothing awaits until `_requested` counts it, so two
             # lanes never both ask for the same free slots.
-            queues = await self._pauses.claimable_queues()
+            queues, gates = await self._limits.split(await self._pauses.claimable_queues())
             size = self.size()
+            if gates and not queues:  # limited queues only: claimed for free slots, never ahead
+                size = min(size, self._concurrency - self._runner.held - self._requested)
             if size <= 0:
                 # No claim until a slot frees (the slots and the claimed-ahead messages are all
                 # taken): outcomes must not wait for one, they go to the settler meanwhile.
@@ -78,7 +85,7 @@ class Claimer:
                 await asyncio.sleep(0)  # let sibling completions land: claim in batches
                 continue
             settles_before = self._settler.count
-            claim = await self._claim(waker, size, backoff, queues)
+            claim = await self._claim(waker, size, backoff, queues, gates)
             if claim is None:
                 continue  # an outage, its back-off waited out
             batch, claimed_at = claim
@@ -95,19 +102,28 @@ class Claimer:
             await self._wait_for_work(waker)
 
     async def _claim(
-        self, waker: Waker, size: int, backoff: Backoff, queues: list[str]
+        self, waker: Waker, size: int, backoff: Backoff, queues: list[str], gates: list[Gate]
     ) -> tuple[list[Claimed], float] | None:
         """One claim of up to `size` messages and when it was sent; None after an outage, once the
-        back-off is waited out (until then its size and outcomes count as in flight)."""
+        back-off is waited out (until then its size and outcomes count as in flight). Limited
+        queues (`gates`) take the gated claim, for free slots only: a message claimed ahead would
+        hold a slot of the limit (or a start of the window) while it waits here."""
         waker.clear()
-        if not queues:  # every signal of this pool is paused: nothing to claim (outcomes go to the settler)
+        if not queues and not gates:  # every signal of this pool is paused: nothing to claim
             return [], time.monotonic()
         settler, runtime = self._settler, self._runtime
+        free = self._concurrency - self._runner.held - self._requested
         outcomes = settler.lend_to_claim()
         self._requested += size
         started = time.monotonic()
+        self._held_back_ms = None
         try:
-            if outcomes:
+            if gates:
+                gated = await self._store.claim_gated(
+                    runtime.worker_id, outcomes, queues, gates, runtime.lease_ms, size, min(size, free)
+                )
+                batch, self._held_back_ms = gated.claimed, gated.held_back_ms
+            elif outcomes:
                 _held, batch = await self._store.settle_and_claim(
                     runtime.worker_id, outcomes, queues, runtime.lease_ms, size
                 )
@@ -142,6 +158,13 @@ class Claimer:
         else False once there may be work again (claim now, or after a wait)."""
         runner, settler = self._runner, self._settler
         settler.claim_idle()
+        held_back = self._held_back_ms
+        if held_back is not None and held_back <= IDLE_POLL_S * 1000:
+            # Due messages wait behind a limit that lets more through within a poll: not drained
+            # yet. One a longer rate window holds stays pending (a drain does not wait out an hour).
+            await wait_any(self._runtime.stop, runner.handler_done, timeout=held_back / 1000)
+            runner.handler_done.clear()
+            return False
         if not runner.busy() and not settler.busy():
             # A settle that landed during the claim: claim again now. Waiting for its `settled`
             # could wait out IDLE_POLL_S, since the other lane may have cleared it already.
@@ -183,13 +206,15 @@ class Claimer:
 
     async def _until_next_due(self) -> float:
         """Seconds to sleep when idle: until the earliest not-yet-due message is due, at most
-        IDLE_POLL_S (a delay emitted meanwhile wakes the worker through its emit's wake-up)."""
+        IDLE_POLL_S (a delay emitted meanwhile wakes the worker through its emit's wake-up), and no
+        longer than a limit that held due messages back may take to let more through."""
+        held_back_s = IDLE_POLL_S if self._held_back_ms is None else self._held_back_ms / 1000
         try:
             due_in_ms = await self._store.next_due_in_ms(self._queues)
         except Exception as err:
             if not is_outage(err):
                 raise
-            return IDLE_POLL_S  # the next claim meets the outage and backs off
+            return min(IDLE_POLL_S, held_back_s)  # the next claim meets the outage and backs off
         if due_in_ms is None:
-            return IDLE_POLL_S
-        return min(IDLE_POLL_S, (due_in_ms + 1) / 1000)
+            return min(IDLE_POLL_S, held_back_s)
+        return min(IDLE_POLL_S, held_back_s, (due_in_ms + 1) / 1000)

@@ -49,9 +49,13 @@ class HandoffOffer:
         pauses: PauseWatcher,
         runner: Runner,
         wants_work: Callable[[], bool],
+        ungated: Callable[[list[str]], list[str]] = lambda queues: queues,
     ) -> None:
         self._store, self._runtime, self._pauses, self._runner = store, runtime, pauses, runner
         self._wants_work = wants_work
+        # A limited queue is never offered: its messages are counted against the limit only in the
+        # gated claim (engine/store/sql/gates.py), and a hand-off skips the claim.
+        self._ungated = ungated
         self._offered: list[str] = []
         self._offered_at = float("-inf")
         self._stop_taking: Callable[[], None] | None = None
@@ -65,7 +69,7 @@ class HandoffOffer:
         store, runtime = self._store, self._runtime
         if not store.hands_off or runtime.stop.is_set() or not self._wants_work():
             return
-        queues = self._pauses.claimable
+        queues = self._ungated(self._pauses.claimable)
         if not queues or (self._offered_at > time.monotonic() - OFFER_RENEW_S and self._offered == queues):
             return
         if self._stop_taking is None:

@@ -2,8 +2,9 @@
 
 The parts and what each owns (docs/architecture.md has the table): the claimer (claims in flight),
 the runner (the slots, held messages and the line of claimed ones waiting), the settler (pending
-outcomes), the pause watcher (the paused set), the cancel watcher (operators' requests to stop a
-running handler), the hand-off offer (the standing offer to emits).
+outcomes), the pause watcher (the paused set), the limit watcher (which queues are limited), the
+cancel watcher (operators' requests to stop a running handler), the hand-off offer (the standing
+offer to emits).
 The pool holds no state of its own beyond them; it starts the claim lanes and the settlers, and on
 the way out lets running handlers finish (or cancels them) and settles what they left.
 """
@@ -18,6 +19,7 @@ from ..store.wake import Waker
 from .cancelling import CancelWatcher
 from .claiming import Claimer
 from .handoff import HandoffOffer
+from .limiting import LimitWatcher
 from .pausing import PauseWatcher
 from .route import Route
 from .running import Runner
@@ -41,9 +43,10 @@ class WorkerPool:
         self.runner = Runner(runtime, store, routes, concurrency, self.settler.add, self._stopped)
         self.cancels = CancelWatcher(store, runtime.worker_id, self.runner)
         self.pauses = PauseWatcher(store, routes)
-        self.offer = HandoffOffer(store, runtime, self.pauses, self.runner, self._wants_work)
+        self.limits = LimitWatcher(store, routes)
+        self.offer = HandoffOffer(store, runtime, self.pauses, self.runner, self._wants_work, self.limits.ungated)
         self.claimer = Claimer(
-            runtime, store, self._queues, concurrency, self.runner, self.settler, self.pauses, self.offer
+            runtime, store, self._queues, concurrency, self.runner, self.settler, self.pauses, self.offer, self.limits
         )
 
     @property

@@ -11,6 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..store import Claimed, Outcome
+from ..store.base import GatedClaim
+from ..store.limits import Override
+from ..store.sql.gates import Gate
 from ..store.wake import PauseNotices, Waker
 
 
@@ -25,6 +28,17 @@ class WorkerStore(Protocol):
     def claim_rows_max(self) -> int: ...
 
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]: ...
+
+    async def claim_gated(
+        self,
+        worker_id: str,
+        outcomes: Sequence[Outcome],
+        queues: Sequence[str],
+        gates: Sequence[Gate],
+        lease_ms: int,
+        limit: int,
+        gated_limit: int,
+    ) -> GatedClaim: ...
 
     async def next_due_in_ms(self, queues: Sequence[str]) -> int | None: ...
 
@@ -53,6 +67,9 @@ class WorkerStore(Protocol):
     def cancel_notices(self) -> PauseNotices | None: ...
 
     def cancel_waker(self) -> Waker: ...
+
+    # The limit watcher (limiting.py).
+    async def limit_overrides(self) -> dict[str, Override]: ...
 
     # The leases of messages claimed ahead (claim_ahead.py), and giving them back at a stop.
     async def renew_lease(self, worker_id: str, claimed: Claimed, lease_ms: int) -> bool: ...

@@ -114,7 +114,7 @@ def actor_of(state: State, actor: str | None) -> str | None:
 
 
 # Every command that changes the store: --read-only refuses each, and its help lists them from here.
-WRITE_COMMANDS = ("replay", "purge", "unbind", "pause", "resume", "cancel", "delete", "retry")
+WRITE_COMMANDS = ("replay", "purge", "unbind", "pause", "resume", "limit", "cancel", "delete", "retry")
 
 
 def require_writes(state: State, command: str) -> None:

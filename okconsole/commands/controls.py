@@ -1,5 +1,5 @@
-"""The operator controls (SPEC §11): `pause` / `resume` a signal, `cancel`, `delete` and `retry`
-named messages.
+"""The operator controls (SPEC §11): `pause` / `resume` a signal, `limit` its flow, `cancel`, `delete`
+and `retry` named messages.
 
 Each is a write like `replay`: refused under --read-only, asks before acting unless --yes (refusing
 without a terminal, exit 2), audited with the actor and the reason, one transaction. Named
@@ -123,6 +123,56 @@ def _pause_line(result: ops.PauseState) -> str:
     if result.paused:
         return f"Paused {name}: its messages wait until resumed." if result.changed else f"{name} was paused already."
     return f"Resumed {name}." if result.changed else f"{name} was not paused."
+
+
+# -- limit ----------------------------------------------------------------------------------------
+def limit(
+    ctx: typer.Context,
+    db: str | None = DB_OPTION,
+    signal: str = SIGNAL_ARGUMENT,
+    concurrency: str | None = typer.Option(
+        None, "--concurrency", metavar="N|none", help="At most N running at once across every process; none lifts it."
+    ),
+    rate: str | None = typer.Option(
+        None, "--rate", metavar="N/D|none", help="At most N handler starts per window D (100/1m, 5/s); none lifts it."
+    ),
+    reset: bool = typer.Option(False, "--reset", help="Drop the override: the declared limits hold again."),
+    reason: str | None = REASON_OPTION,
+    actor: str | None = ACTOR_OPTION,
+    yes: bool = YES_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Override SIGNAL's flow limits cluster-wide (every process follows within 1 s) until --reset.
+    Audited. Prints {"signal", "concurrency", "rate", "overridden", "changed"} with --json."""
+    state = state_of(ctx, db)
+    require_writes(state, "limit")
+    try:  # a bad value changes nothing: refused before anything is asked or opened
+        ops.check_limit(concurrency, rate, reset=reset)
+    except ValueError as err:
+        fail(2, f"limit: {err}")
+    setting = (
+        "the declared limits"
+        if reset
+        else ", ".join(
+            f"{name} {value}" for name, value in (("concurrency", concurrency), ("rate", rate)) if value is not None
+        )
+    )
+    reason = _ask_first(state, "limit", yes, reason, lambda: f"Set {signal} to {setting} in every process?")
+    who = actor_of(state, actor)
+    result = run(
+        state,
+        lambda store: ops.limit(
+            store, signal, concurrency=concurrency, rate=rate, reset=reset, actor=who, reason=reason
+        ),
+    )
+    _report(result, as_json, lambda: [_limit_line(result)])
+
+
+def _limit_line(result: ops.LimitState) -> str:
+    name = rich_markup(result.signal)
+    now = f"concurrency {result.concurrency or 'none'}, rate {rich_markup(result.rate or 'none')}"
+    source = "overridden" if result.overridden else "as declared"
+    return f"{name}: {now} ({source})." if result.changed else f"{name} had no override: {now} (as declared)."
 
 
 # -- cancel / delete / retry ----------------------------------------------------------------------
@@ -250,4 +300,4 @@ def retry(
     _report(result, as_json, lambda: _done_lines("Retried", "message", signal, result.ids, result.skipped))
 
 
-COMMANDS = (pause, resume, cancel, delete, retry)
+COMMANDS = (pause, resume, limit, cancel, delete, retry)

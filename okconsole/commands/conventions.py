@@ -53,6 +53,11 @@ EXAMPLES: dict[str, list[str]] = {
         "okconsole pause tasks.email --yes --json",
     ],
     "resume": ["okconsole resume tasks.email", "okconsole resume tasks.email --yes --json"],
+    "limit": [
+        "okconsole limit tasks.email --concurrency 2 --reason 'SMTP relay throttles us'",
+        "okconsole limit tasks.email --rate 100/1m --yes --json",
+        "okconsole limit tasks.email --reset --yes",
+    ],
     "cancel": [
         "okconsole cancel tasks.email msg_… --reason 'wrong recipient'",
         "okconsole cancel tasks.email --all --key customer-17 --dry-run",
@@ -107,6 +112,7 @@ SUMMARIES: dict[str, str] = {
     "purge": "Delete finished messages of a signal.",
     "pause": "Pause a signal: no worker claims its messages.",
     "resume": "Resume a paused signal.",
+    "limit": "Override a signal's concurrency and rate limits everywhere.",
     "cancel": "Cancel pending or running messages: they end dead, replayable.",
     "delete": "Delete finished messages by id.",
     "retry": "Make messages waiting for their run_at due now.",

@@ -21,7 +21,7 @@ def why(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Why message ID is (not) running. One verdict (delivered, dead, running, orphaned, paused,
-    no_worker, blocked_by_key, not_due, due) and one line to act on. Exit 0 for every
+    no_worker, blocked_by_key, not_due, concurrency_limited, rate_limited, due) and one line to act on. Exit 0 for every
     verdict of a message found; 2 for an unknown or malformed id."""
     verdict = run(state_of(ctx, db), lambda store: ops.why(store, message_id))
     if as_json:

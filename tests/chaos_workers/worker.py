@@ -124,6 +124,29 @@ def declare(out: Path, me: str, retries: int, slow_s: float, reader: RowReader) 
         log("E", fx.message_id, fx.attempt, me, now_ms())
 
 
+# -- flow limits (bench/chaos.py's own section): a concurrency-limited and a rate-limited signal.
+CAPPED, CAPPED_CONCURRENCY = "chaos.capped", 2
+PACED, PACED_RATE = "chaos.paced", "8/1s"
+
+
+def declare_limited(out: Path, me: str) -> None:
+    """`chaos.capped` (concurrency 2) and `chaos.paced` (8 starts a second), each handler a few
+    tens of ms; each logs to DIR/limits-<ID> "L|M <signal> <msg_id> <attempt> <ID> <ms>" at its
+    start and its end."""
+    fd = os.open(out / f"limits-{me}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def handler(name: str):
+        async def handle(payload, fx):
+            os.write(fd, f"L {name} {fx.message_id} {fx.attempt} {me} {now_ms()}\n".encode())
+            await asyncio.sleep(0.01 + random.random() * 0.04)
+            os.write(fd, f"M {name} {fx.message_id} {fx.attempt} {me} {now_ms()}\n".encode())
+
+        return handle
+
+    on(signal.once(CAPPED, concurrency=CAPPED_CONCURRENCY), flow("chaos.capped.worker", do=handler(CAPPED)))
+    on(signal.once(PACED, rate=PACED_RATE), flow("chaos.paced.worker", do=handler(PACED)))
+
+
 async def probe(app, out: Path, me: str, every_s: float) -> None:
     """Emit a probe every `every_s` and log how each emit ended."""
     fd = os.open(out / f"probe-{me}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -158,6 +181,7 @@ async def main() -> None:
 
     reader = RowReader(args.url)
     declare(args.dir, args.worker_id, args.retries, args.slow_ms / 1000, reader)
+    declare_limited(args.dir, args.worker_id)
     if args.probe_ms:
         on(signal.once(PROBE), flow("chaos.prober", do=lambda p, fx: None))
     if args.clock_every:  # every worker emits every tick; the store keeps one (bench/chaos.py checks)

@@ -123,9 +123,39 @@ def declare(mode: str, out: Path, me: str, lease_ms: int, url: str) -> None:
             finally:
                 log("finally", fx.message_id, fx.attempt, me, now_ms())
             log("end", fx.message_id, fx.attempt, me, now_ms())
+    elif mode == "limits":
+        declare_limited(out, me)
 
     else:
         raise SystemExit(f"unknown mode {mode!r}")
+
+
+# the flow limits the "limits" mode declares (tests/test_flow_limits.py checks against them)
+LIMITED_CONCURRENCY = 3
+LIMITED_RATE = "6/1s"
+FAN_CONCURRENCY = 2
+
+
+def declare_limited(out: Path, me: str) -> None:
+    """Signals under flow limits; each handler logs to DIR/events "S|E <queue> <msg_id> <attempt>
+    <ID> <epoch_ms>" and takes a little while (payload {"ms": N}, else 30 ms)."""
+    log = appender(out / "events")
+    capped = signal.once("lim.conc", concurrency=LIMITED_CONCURRENCY)
+    paced = signal.once("lim.rate", rate=LIMITED_RATE)
+    fan = signal.broadcast("lim.fan", concurrency=FAN_CONCURRENCY)
+
+    def handler(queue: str):
+        async def handle(payload, fx):
+            log("S", queue, fx.message_id, fx.attempt, me, now_ms())
+            await asyncio.sleep(payload.get("ms", 30) / 1000 * (0.5 + random.random()))
+            log("E", queue, fx.message_id, fx.attempt, me, now_ms())
+
+        return handle
+
+    on(capped)(flow("workers.conc", do=handler("lim.conc")))
+    on(paced)(flow("workers.rate", do=handler("lim.rate")))
+    on(fan)(flow("workers.fan.a", do=handler("lim.fan/a")))
+    on(fan)(flow("workers.fan.b", do=handler("lim.fan/b")))
 
 
 async def main() -> None:

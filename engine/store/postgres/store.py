@@ -28,11 +28,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ...errors import StoreUnavailable
 from ...ids import new_id, now_ms
 from .. import counts
-from ..base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from ..base import Claimed, GatedClaim, NewMessage, Outcome, Store, check_keys, ensure_schema
 from ..caller import wake_after_commit
 from ..history import HistoryTally
+from ..limits import OVERRIDES_SQL, Override
 from ..pauses import PAUSED_SIGNALS_SQL
-from ..sql.claim import claim_order, postgres_claim_statement
+from ..sql.claim import claim_order, gated_first_order, postgres_claim_statement
 from ..sql.enqueue import (
     COPY_COLUMNS,
     COPY_FROM_ROWS,
@@ -44,6 +45,15 @@ from ..sql.enqueue import (
     POSTGRES_KEY_LOCKS,
     POSTGRES_WINDOW_HOLD,
     POSTGRES_WINDOW_HOLDER,
+)
+from ..sql.gates import (
+    POSTGRES_GATE_STATE,
+    POSTGRES_LOCK_GATES,
+    POSTGRES_RECORD_STARTS,
+    Gate,
+    GateRoom,
+    gate_room,
+    held_back_ms,
 )
 from ..sql.handoff import (
     EMIT_ONE,
@@ -338,11 +348,41 @@ class PostgresStore(Store):
             rows = await conn.fetch(PAUSED_SIGNALS_SQL)
         return frozenset(row[0] for row in rows)
 
+    async def limit_overrides(self) -> dict[str, Override]:
+        # On a hot connection in one statement, as the paused set: read at the same moments.
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            rows = await conn.fetch(OVERRIDES_SQL)
+        return {row[0]: Override(row[1], row[2]) for row in rows}
+
     async def claim(self, queues: Sequence[str], worker_id: str, lease_ms: int, limit: int) -> list[Claimed]:
         assert self.hot is not None, "store is not open"
         async with self.hot.connection() as conn:
             rows = await conn.fetch(claim_statement(limit), worker_id, lease_ms, list(queues))
         return claim_order([Claimed(*row) for row in rows])
+
+    async def claim_gated(
+        self,
+        worker_id: str,
+        outcomes: Sequence[Outcome],
+        queues: Sequence[str],
+        gates: Sequence[Gate],
+        lease_ms: int,
+        limit: int,
+        gated_limit: int,
+    ) -> GatedClaim:
+        """The gated queues in one transaction under their advisory locks (sql/gates.py), then the
+        plain queues with the plain claim statement, as `claim` does."""
+        held = await self.settle(worker_id, outcomes) if outcomes else []
+        assert self.hot is not None, "store is not open"
+        async with self.hot.connection() as conn:
+            async with _transaction(conn, self.set_local):
+                rows, held_back = await _claim_gates(conn, worker_id, gates, lease_ms, gated_limit)
+            rest = claim_size_step(limit - len(rows))
+            if queues and rest > 0:
+                rows += await conn.fetch(claim_statement(rest), worker_id, lease_ms, list(queues))
+        claimed = gated_first_order([Claimed(*row) for row in rows], {g.queue for g in gates})
+        return GatedClaim(held, claimed, held_back)
 
     async def settle(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[bool]:
         # Not joined with the next claim (SQLite does that): here the settle runs on its own
@@ -617,6 +657,43 @@ async def _transaction(conn: Any, set_local: bool) -> AsyncIterator[None]:
         if set_local:
             await conn.execute(SET_LOCAL_IDLE)
         yield
+
+
+def claim_size_step(size: int) -> int:
+    """A claim size as the claimer rounds it (one prepared statement per size): above 8, down to a
+    multiple of 8."""
+    return size if size <= 8 else size - size % 8
+
+
+async def _claim_gates(
+    conn: Any, worker_id: str, gates: Sequence[Gate], lease_ms: int, gated_limit: int
+) -> tuple[list[Any], int | None]:
+    """In the caller's transaction: lock the gates' queues, read what their limits allow in a new
+    snapshot, claim that much from each, and log the rate-limited starts."""
+    if not gates or gated_limit <= 0:
+        return [], None
+    ordered = sorted(gates, key=lambda g: g.lock_key)
+    await conn.fetchval(POSTGRES_LOCK_GATES, [g.lock_key for g in ordered])
+    state = await conn.fetch(
+        POSTGRES_GATE_STATE,
+        [g.queue for g in ordered],
+        [g.signal for g in ordered],
+        [g.rate_window_ms or 0 for g in ordered],
+    )
+    rows: list[Any] = []
+    rooms: list[tuple[GateRoom, bool]] = []
+    now = 0
+    for gate, found in zip(ordered, state, strict=True):
+        now = found["now"]
+        room = gate_room(gate, now, claim_size_step(max(0, gated_limit - len(rows))), found["running"],
+                         found["starts"] or [])  # fmt: skip
+        take = claim_size_step(room.allowed)
+        taken = await conn.fetch(claim_statement(take), worker_id, lease_ms, [gate.queue]) if take else []
+        if taken and gate.rate_window_ms is not None:
+            await conn.execute(POSTGRES_RECORD_STARTS, gate.queue, now, len(taken), gate.rate_window_ms)
+        rows += taken
+        rooms.append((room, len(taken) == take if take else found["waiting"]))
+    return rows, held_back_ms(rooms, now)
 
 
 async def _insert_in_transaction(conn: Any, rows: Sequence[NewMessage], set_local: bool) -> str | None:

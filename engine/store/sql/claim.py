@@ -97,3 +97,10 @@ def claim_order(claimed: list[T]) -> list[T]:
 
 def _start_key(c: Any) -> tuple[int, int]:
     return (-c.priority, c.seq)
+
+
+def gated_first_order(claimed: list[Any], gated: set[str]) -> list[Any]:
+    """A gated claim's rows in the order they are started: the limited queues' first (they were
+    claimed for free slots: behind others they would hold a slot of their limit while they wait,
+    and start later than their window counted them), then as `claim_order`."""
+    return sorted(claimed, key=lambda c: (c.queue not in gated, *_start_key(c)))

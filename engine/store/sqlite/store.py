@@ -29,11 +29,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ...errors import StoreUnavailable
 from ...ids import now_ms
-from ..base import Claimed, NewMessage, Outcome, Store, check_keys, ensure_schema
+from ..base import Claimed, GatedClaim, NewMessage, Outcome, Store, check_keys, ensure_schema
 from ..caller import wake_after_commit
 from ..history import HistoryTally
 from ..outage import READ_ONLY, disk_condition, read_only_dir
-from ..sql.claim import claim_order, sqlite_claim_statement
+from ..sql.claim import claim_order, gated_first_order, sqlite_claim_statement
 from ..sql.enqueue import (
     ENQUEUE_CHUNK,
     SQLITE_HOLDER,
@@ -42,6 +42,7 @@ from ..sql.enqueue import (
     SQLITE_WINDOW_HOLD,
     SQLITE_WINDOW_HOLDER,
 )
+from ..sql.gates import Gate
 from ..wake import Waker, WalWatch, tape_topic, wake_local
 from .file import BUSY_TIMEOUT_MS
 from .process import WriterProcess
@@ -220,6 +221,31 @@ class SqliteStore(Store):
         if not all(o.ok for o in outcomes):
             wake_local(self.url)  # other workers of this process: a failed attempt is pending again
         return held, _claimed(rows)
+
+    async def claim_gated(
+        self,
+        worker_id: str,
+        outcomes: Sequence[Outcome],
+        queues: Sequence[str],
+        gates: Sequence[Gate],
+        lease_ms: int,
+        limit: int,
+        gated_limit: int,
+    ) -> GatedClaim:
+        """One `BEGIN IMMEDIATE … COMMIT` on the hot writer (tx.claim_gated): its write lock, held
+        against every process, makes the limits' counts exact."""
+        sql = sqlite_claim_statement(len(queues)) if queues else None
+        settle_rows = [_settle_row(o) for o in outcomes]
+        gate_rows = [tuple(g) for g in gates]
+        held, failed_to, rows, held_back = await self._hot(
+            "claim_gated", worker_id, settle_rows, sql, list(queues), gate_rows, lease_ms, limit, gated_limit
+        )
+        if outcomes:
+            self.tally.settled(outcomes, held, failed_to)
+            if not all(o.ok for o in outcomes):
+                wake_local(self.url)
+        claimed = gated_first_order([Claimed(*row) for row in rows], {g.queue for g in gates})
+        return GatedClaim(held, claimed, held_back)
 
     def waker(self) -> Waker:
         return Waker(self.url, wal=WalWatch(self.path))

@@ -14,12 +14,24 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...ids import now_ms
+from ..sql.claim import SQLITE_CLAIM
 from ..sql.enqueue import (
     SQLITE_HOLDER,
     SQLITE_INSERT,
     SQLITE_INSERT_TIMED,
     SQLITE_WINDOW_HOLD,
     SQLITE_WINDOW_HOLDER,
+)
+from ..sql.gates import (
+    SQLITE_DUE_WAITING,
+    SQLITE_PRUNE_STARTS,
+    SQLITE_RECORD_START,
+    SQLITE_RUNNING,
+    SQLITE_STARTS,
+    Gate,
+    GateRoom,
+    gate_room,
+    held_back_ms,
 )
 from ..sql.settle import (
     ACK_BATCH_FROM,
@@ -245,6 +257,62 @@ def settle_and_claim(
     return held, failed_to, claim_rows(raw, sql, queues, worker_id, lease_ms, limit)
 
 
+SQLITE_CLAIM_ONE = SQLITE_CLAIM.format(queues=":q0")
+
+
+def claim_gated(
+    raw: sqlite3.Connection,
+    worker_id: str,
+    outcomes: Sequence[Row],
+    sql: str | None,
+    queues: Sequence[str],
+    gates: Sequence[Row],
+    lease_ms: int,
+    limit: int,
+    gated_limit: int,
+) -> tuple[list[bool], FailedTo, list[Row], int | None]:
+    """Settle `outcomes`, then claim up to `gated_limit` messages from the gated queues (`Gate`s as
+    plain tuples) within their limits, then up to `limit` less what they took from `queues` with
+    the plain claim `sql` (None: no such queues), all in the caller's transaction: the store's one
+    write lock makes the limits' counts exact (sql/gates.py). Also returns how long an idle lane
+    may sleep before a gate that held messages back may let more through (None: none did)."""
+    held, failed_to = settle(raw, worker_id, outcomes) if outcomes else ([], {})
+    now = now_ms()
+    rows: list[Row] = []
+    rooms: list[tuple[GateRoom, bool]] = []
+    for gate in sorted(Gate(*g) for g in gates):
+        room = _gate_room(raw, gate, now, max(0, gated_limit - len(rows)))
+        if room.allowed:
+            taken = claim_rows(raw, SQLITE_CLAIM_ONE, [gate.queue], worker_id, lease_ms, room.allowed)
+            _record_starts(raw, gate, now, len(taken))
+            rows += taken
+            rooms.append((room, len(taken) == room.allowed))
+        elif room.limited_by is not None:
+            waiting = raw.execute(SQLITE_DUE_WAITING, (gate.signal, gate.queue, now)).fetchone() is not None
+            rooms.append((room, waiting))
+    if sql is not None and limit > len(rows):
+        rows += claim_rows(raw, sql, queues, worker_id, lease_ms, limit - len(rows))
+    return held, failed_to, rows, held_back_ms(rooms, now)
+
+
+def _gate_room(raw: sqlite3.Connection, gate: Gate, now: int, wanted: int) -> GateRoom:
+    running = 0
+    if gate.concurrency is not None:
+        running = raw.execute(SQLITE_RUNNING, (gate.signal, gate.queue, now)).fetchone()[0]
+    starts: list[int] = []
+    if gate.rate_window_ms is not None:
+        starts = [r[0] for r in raw.execute(SQLITE_STARTS, (gate.queue, now - gate.rate_window_ms))]
+    return gate_room(gate, now, wanted, running, starts)
+
+
+def _record_starts(raw: sqlite3.Connection, gate: Gate, now: int, started: int) -> None:
+    """Log the starts a rate-limited claim made, and forget the ones outside the window."""
+    if gate.rate_window_ms is None or not started:
+        return
+    raw.execute(SQLITE_PRUNE_STARTS, (gate.queue, now - gate.rate_window_ms))
+    raw.executemany(SQLITE_RECORD_START, [(gate.queue, now)] * started)
+
+
 # The transactions a writer runs by name (the writer process gets the name and the arguments).
 OPS: dict[str, Callable[..., Any]] = {
     "insert": insert_plain,
@@ -252,6 +320,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "claim": claim_rows,
     "settle": settle,
     "settle_and_claim": settle_and_claim,
+    "claim_gated": claim_gated,
 }
 
 
@@ -266,6 +335,6 @@ def hands_over_early(op: str, result: Any) -> bool:
     start meanwhile); an empty one, as every other call, once its commit is synced."""
     if op == "claim":
         return bool(result)
-    if op == "settle_and_claim":
+    if op in ("settle_and_claim", "claim_gated"):
         return bool(result[2])
     return False
