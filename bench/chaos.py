@@ -20,7 +20,7 @@ attempt of a share of the messages appends an event to the live tape `chaos.tape
 paused for a few seconds now and then (2-3 windows; `engine.ops.pause` / `resume`, the second window
 through `okconsole pause/resume --yes`), and readers follow the tape and the console (`engine.ops.stats` and
 `python -m okconsole stats --json`) the whole time. Then the run drains, the workers stop, and the
-records are checked against SPEC §5 and §7 with plain SQL and the handlers' own logs:
+records are checked against the once and live promises with plain SQL and the handlers' own logs:
 
   final      every message is `delivered` or `dead`, none still locked
   lost       every confirmed emit is stored, every planned message exists; a duplicate exists only
@@ -72,7 +72,7 @@ records are checked against SPEC §5 and §7 with plain SQL and the handlers' ow
              tick time), and every tick between the first and the last is there except in a
              PostgreSQL outage or while no worker was up (ready 1 s before it, not ended until 1 s after)
   pause      every planned pause window happened (from the pause call's return to the resume call):
-             no attempt started in one after its first 1.3 s (SPEC §11's 1 s, plus a claim's round
+             no attempt started in one after its first 1.3 s (the pause's 1 s promise, plus a claim's round
              trip), emits were still stored in the windows, pause/resume calls failed only in
              restarts (and were made again), and the signal ends resumed (the drain is `final`)
   limits     `chaos.capped` (concurrency 2) and `chaos.paced` (8 starts a second) messages emitted
@@ -140,14 +140,14 @@ class Config:
     drain_timeout_s: float = 300.0
     cli_every_s: float = 3.0
     seed: int = 0
-    delayed_share: float = 0.25   # emitted with delay 0-500 ms (SPEC §12)
+    delayed_share: float = 0.25   # emitted with delay 0-500 ms
     # The longest one answer may take on the workers' link (bench/netfaults.py's lossy link: a lost
     # packet waits out TCP's retransmission): it passes between the store setting a lease and the
     # worker learning of it, so no renewal gives it back; the lease-left check allows it.
     link_ms: int = 0
     priority_share: float = 0.2   # emitted with priority 1-9
     dedupe_share: float = 0.1     # emitted twice at once with one dedupe key (and a delay, so the twin meets it)
-    pause_windows: int = 3        # the jobs signal is paused this many times during the run (SPEC §11)
+    pause_windows: int = 3        # the jobs signal is paused this many times during the run
     pause_for: tuple[float, float] = (3.0, 6.0)    # each pause lasts this long (s)
     pause_gap: tuple[float, float] = (10.0, 20.0)  # before each pause (s)
     # SQLite: odd slots write on the thread (`sqlite_writer="thread"`), even ones in the writer
@@ -573,7 +573,7 @@ async def restarter(pg: Any, cfg: Config, obs: Observed, progress: asyncio.Event
 
 
 async def pauser(app: Any, url: str, cfg: Config, obs: Observed) -> None:
-    """Pause the jobs signal now and then while the run goes on (SPEC §11), the second window through
+    """Pause the jobs signal now and then while the run goes on, the second window through
     the real CLI, the others through `engine.ops`; always leave it resumed, or the drain never ends."""
     rng = random.Random(cfg.seed + 2)
     obs.pause_planned = cfg.pause_windows
@@ -1225,7 +1225,7 @@ def check_lease_left(rep: Report, cfg: Config, logged: dict[tuple[str, int], Att
 
 def check_time_order(rep: Report, cfg: Config, plan: list[Planned], obs: Observed,
                      logged: dict[tuple[str, int], Attempt], timed: list[tuple]) -> None:
-    """The delay / priority / dedupe invariants (SPEC §12)."""
+    """The delay / priority / dedupe invariants."""
     problems: list[str] = []
     by_n = {p.n: p for p in plan}
     plan_of: dict[str, Planned] = {}
@@ -1269,7 +1269,7 @@ def check_time_order(rep: Report, cfg: Config, plan: list[Planned], obs: Observe
               f"{obs.dedupe_polls} dedupe polls saw no key held twice", problems)
 
 
-PAUSE_GRACE_S = 1.0   # SPEC §11: no process claims a paused signal from at most 1 s after the pause
+PAUSE_GRACE_S = 1.0   # no process claims a paused signal from at most 1 s after the pause
 CLAIM_SLACK_S = 0.3   # a claim sent just inside the grace, on the wire, and its handler's start
 
 

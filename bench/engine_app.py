@@ -55,7 +55,7 @@ def without_history_and_heartbeats() -> Iterator[None]:
         HistoryTally.emitted, HistoryTally.settled, WorkerHeartbeat.__aenter__, WorkerHeartbeat.__aexit__ = saved
 
 
-DELAY_MAX_MS = 50  # the delayed mix: every other message waits 1–50 ms (SPEC §12 `delay`)
+DELAY_MAX_MS = 50  # the delayed mix: every other message waits 1–50 ms (`delay`)
 
 
 def emit_options(i: int, delayed: bool) -> dict:

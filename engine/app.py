@@ -431,14 +431,14 @@ class OkeApp:
         return ClockRunner(self._require_store(), self.emit, clocks, self._stop_requested)
 
     def _worker_heartbeat(self, pool: WorkerPool) -> WorkerHeartbeat:
-        """This pool's row in oke_workers (SPEC §13): recorded before it claims, beating while it runs."""
+        """This pool's row in oke_workers: recorded before it claims, beating while it runs."""
         store = self._require_store()
         return WorkerHeartbeat(
             store, self.worker_id, self.name, pool.concurrency, lambda: pool.held, self.worker_heartbeat_s
         )
 
     async def _heartbeat(self) -> None:
-        """Every BINDING_HEARTBEAT_S: this app still runs its flows (keeps them active, SPEC §6)."""
+        """Every BINDING_HEARTBEAT_S: this app still runs its flows (keeps them active)."""
         assert self.manifest is not None and self.store is not None
         pairs = [(name, f.name or "") for name, flows in self.manifest.signal_flows.items() for f in flows]
         pairs += [(name, path) for name, path, _kind in live_exposures(self.manifest)]

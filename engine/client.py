@@ -128,7 +128,7 @@ class _Resume:
         self.tail = None
 
     async def back_off(self) -> None:
-        # jitter only lengthens the wait: the back-off stays within 500 ms … 30 s (SPEC §8)
+        # jitter only lengthens the wait: the back-off stays within 500 ms … 30 s
         await asyncio.sleep(min(self.backoff * (1 + 0.25 * random.random()), BACKOFF_MAX_S))
         self.backoff = min(self.backoff * 2, BACKOFF_MAX_S)
 
@@ -167,7 +167,7 @@ class Client:
     async def path_for(
         self, client: httpx.AsyncClient, signal: str | None, params: dict[str, Any], via: str | None
     ) -> str:
-        """The URL path of the exposure to follow (SPEC §8 choice rule); `signal=None` with `via`:
+        """The URL path of the exposure to follow (by the choice rule of docs/reference.md); `signal=None` with `via`:
         the exposure of the flow named `via`, whatever its signal (`Client.flow(name)`)."""
         listed = await self.exposures(client)
         if signal is None:

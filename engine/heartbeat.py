@@ -19,7 +19,7 @@ from .store import Store
 from .store import workers as registry
 from .store.outage import describe, is_outage
 
-DEFAULT_INTERVAL_S = 5.0  # SPEC §13: at least every 5 s
+DEFAULT_INTERVAL_S = 5.0  # at least every 5 s
 # The start and the stop are awaited by the pool's run: a store that hangs (a network blackhole)
 # must not hold the workers' start, or a cancelled drain's return, for longer than this.
 EDGE_WAIT_S = 5.0

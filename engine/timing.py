@@ -1,7 +1,7 @@
 """The time and order options of an emit (delay, at, priority, dedupe) and a signal's back-off.
 
 Each is checked here, at the call (or at declaration for `backoff`), so bad input raises a
-TypeError / ValueError before anything is stored (SPEC §12).
+TypeError / ValueError before anything is stored.
 """
 
 from __future__ import annotations

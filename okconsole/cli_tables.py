@@ -1,6 +1,6 @@
 """The CLI's Rich tables (`okconsole stats` and co.; the TUI's DataTables are widgets/tui_tables.py).
 
-They never split an id, a key or a time across lines (SPEC §10b).
+They never split an id, a key or a time across lines.
 
 Rich shrinks every column of a table that is too wide and folds what no longer fits, so at 80 or
 120 columns an id came out in two halves. Here each column says what it holds:

@@ -2,7 +2,7 @@
 
 `--db ./shop.db` and `--db /srv/shop.db` mean `sqlite+aiosqlite:////abs/path/shop.db` (an absolute
 SQLite URL has four slashes: three for the scheme, one for the root). A URL no store can use is bad
-usage (exit 2, SPEC §10b), caught here before anything is opened; an unreachable one is not (exit 1).
+usage (exit 2), caught here before anything is opened; an unreachable one is not (exit 1).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from .safe import rich_markup
 from .styles import DEAD_STYLE, HEALTH_OK, PAUSED_STYLE, health_style, status_markup, styled
 
 ORPHANED = "[bold red]yes: its holder has not been seen for 30 s (stuck, not slow: see okconsole workers)[/]"
-PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be (SPEC §10b)
+PIPE_WIDTH = 100_000  # a pipe has no width: a line is as long as it needs to be
 
 
 def console() -> Console:

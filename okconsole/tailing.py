@@ -5,7 +5,7 @@ after the last id printed; a cursor the tape cannot honour (410 / a gap in the
 store) is reported on stderr and the tail restarts from the oldest retained
 event. Output is `<id>  <json>` per event, or NDJSON `{"id", "data"}` with --json.
 
-Over SSE every network call is bounded (SPEC §10b: 10 s, env OKE_NETWORK_TIMEOUT overrides it):
+Over SSE every network call is bounded (10 s, env OKE_NETWORK_TIMEOUT overrides it):
 the server is asked for `/_oke/exposures` first, so a URL that is not an okengine server, refuses
 the token or never answers is reported as that (exit 1), not as an unknown signal.
 """

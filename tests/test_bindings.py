@@ -1,4 +1,4 @@
-"""Bindings across processes (SPEC §2, §6, §10): two flows on a once signal in two processes, last_seen
+"""Bindings across processes: two flows on a once signal in two processes, last_seen
 and binding_ttl, `okconsole bindings` / `unbind`, and the store upgrade that brought them (schema 3).
 
 Processes are real (tests/workers/bound_app.py), the console runs as the installed `okconsole`, and the

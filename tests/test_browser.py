@@ -1,4 +1,4 @@
-"""A real browser's EventSource against the engine (SPEC §7), on SQLite and PostgreSQL.
+"""A real browser's EventSource against the engine, on SQLite and PostgreSQL.
 
 Headless Chromium (the Debian package, no Playwright download) loads a page served by the app
 itself, so the EventSource is same-origin. The page's script keeps every event it receives in

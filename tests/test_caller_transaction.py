@@ -1,4 +1,4 @@
-"""emit(..., conn=...): the message is written in the caller's SQLAlchemy transaction (SPEC §12).
+"""emit(..., conn=...): the message is written in the caller's SQLAlchemy transaction.
 
 It exists if and only if the caller commits, workers see it only after the commit, and an idle
 worker in another process (a real subprocess, tests/workers/once_worker.py) is woken at commit,

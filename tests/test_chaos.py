@@ -1,5 +1,5 @@
 """The chaos run, short form (bench/chaos.py --short): once delivery under SIGKILLs, lost leases,
-failing handlers, a PostgreSQL crash-restart and a live tape, checked end to end (SPEC §5, §7),
+failing handlers, a PostgreSQL crash-restart and a live tape, checked end to end,
 and every handler starting with at least 90 % of its lease left.
 
 Each backend runs bench/chaos.py in a process of its own (PostgreSQL: its own private server, which

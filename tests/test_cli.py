@@ -1,4 +1,4 @@
-"""okconsole's scripted commands (SPEC §10): JSON fields, exit codes, confirmation, one-line errors.
+"""okconsole's scripted commands: JSON fields, exit codes, confirmation, one-line errors.
 
 The stores are filled by the real engine; the console runs through Typer's CliRunner,
 and as the installed `okconsole` in subprocesses (and in a pseudo-terminal where a
@@ -287,7 +287,7 @@ def test_replay_then_a_worker_delivers_with_attempts_from_zero(db_url, shop):
     out = as_json(cli("--db", db_url, "--actor", "ops-bot", "replay", "shop.email", ids["bad1"], "--yes",
                       "--reason", "smtp fixed", "--json"))
     assert out == {"replayed": 1, "ids": [ids["bad1"]]}
-    again = cli("--db", db_url, "replay", "shop.email", ids["bad1"], "--yes", "--json")  # SPEC §10b: not dead
+    again = cli("--db", db_url, "replay", "shop.email", ids["bad1"], "--yes", "--json")  # not dead
     assert again.exit_code == 2 and again.stdout == ""
     assert f"{ids['bad1']} is pending, not dead" in again.stderr
 
@@ -399,7 +399,7 @@ def test_two_concurrent_okconsole_processes_replay_one_dead_letter_once(db_url, 
                                    "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   cwd=tmp_path) for _ in range(2)]
         outs = [p.communicate(timeout=60) for p in procs]
-        # the loser either finds the message pending already (exit 2 naming it, SPEC §10b) or passes
+        # the loser either finds the message pending already (exit 2 naming it) or passes
         # that check and is skipped by the replay's own `status = 'dead'` guard (replayed 0)
         codes = sorted(p.returncode for p in procs)
         assert codes in ([0, 0], [0, 2]), outs

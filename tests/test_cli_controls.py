@@ -1,4 +1,4 @@
-"""`okconsole pause / resume / cancel / delete / retry` (SPEC §11, §10b) on SQLite and PostgreSQL:
+"""`okconsole pause / resume / cancel / delete / retry` on SQLite and PostgreSQL:
 JSON shapes, confirmation (and its refusal without a terminal), --read-only, --actor, exit codes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §10b through the real `okconsole`: version, completion, help, no-TTY, tables, time bounds, exit codes.
+"""The console's conventions through the real `okconsole`: version, completion, help, no-TTY, tables, time bounds, exit codes.
 
 Where a terminal matters the command runs on a pseudo-terminal (stdin, stdout and stderr on one pty);
 elsewhere on pipes. Servers are real sockets on 127.0.0.1; stores are real SQLite files (and

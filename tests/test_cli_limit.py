@@ -1,4 +1,4 @@
-"""`okconsole limit` (SPEC §16) on SQLite and PostgreSQL: the override and its reset in --json and in
+"""`okconsole limit` on SQLite and PostgreSQL: the override and its reset in --json and in
 stats, the audit row, --read-only's refusal, and bad values refused with exit 2, nothing changed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`okconsole messages SIGNAL --search TEXT` (SPEC §10b): payload, key or last failure, any case,
+"""`okconsole messages SIGNAL --search TEXT`: payload, key or last failure, any case,
 answered by the store over the whole signal; through the installed command and Typer's runner."""
 from __future__ import annotations
 

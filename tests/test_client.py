@@ -1,4 +1,4 @@
-"""The Python client (SPEC §8, §9b) against a real server on 127.0.0.1, on SQLite and PostgreSQL.
+"""The Python client against a real server on 127.0.0.1, on SQLite and PostgreSQL.
 
 `stream()` and `live()`, the exposure choice by path params (and `via` for ties), resume with the
 last id received (id-only heartbeats included) across a server restart, 410 as LiveResumeGap,
@@ -128,7 +128,7 @@ async def test_a_tie_between_exposures_needs_via(db_url):
 
 
 def declare_spec_example():
-    """SPEC §7's example set: the member firehose, the member `:orderId` route, the public vip flow."""
+    """The exposures of the reference's example: the member firehose, the member `:orderId` route, the public vip flow."""
     status = declare()
     on(http.get("/orders/vip/events").public().live(status),
        flow("orders.vip", do=lambda _in, fx: fx.live(status, match=lambda p: p["status"] == "shipped")))

@@ -1,4 +1,4 @@
-"""The operator controls in the TUI (SPEC §11), driven by Pilot over a real store on SQLite and
+"""The operator controls in the TUI, driven by Pilot over a real store on SQLite and
 PostgreSQL: pause / resume on the overview, cancel / delete / retry on the screens that list
 messages, each confirmed with the count and a reason, refused (and hidden) under --read-only."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The TUI's history screen (SPEC §13), read from the rendered screen on SQLite and PostgreSQL:
+"""The TUI's history screen, read from the rendered screen on SQLite and PostgreSQL:
 delivered/s, failed/s and dead/s charts of the selected signal, their now / avg / peak figures
 from the store's history, keys 1-4 switching the window, and the overview's Deliv/s beside Dead/s."""
 
@@ -75,7 +75,7 @@ async def test_history_screen_charts_the_signal_and_switches_windows(db_url):
 
 
 async def test_h_on_the_overview_opens_the_selected_signals_history(sqlite_url):
-    """And Deliv/s stands beside Dead/s in the overview's header (SPEC §13)."""
+    """And Deliv/s stands beside Dead/s in the overview's header."""
     await populate(sqlite_url)
     app = ConsoleApp(sqlite_url, refresh_s=0.2)
     async with app.run_test(size=(120, 40), notifications=True) as pilot:

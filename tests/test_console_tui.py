@@ -273,7 +273,7 @@ async def test_lease_columns_follow_the_stores_clock_not_the_consoles(db_url, mo
 
 
 async def test_overview_shows_the_selected_signals_description(db_url):
-    """SPEC §10b: the description of the selected signal is on screen, and follows the cursor."""
+    """The description of the selected signal is on screen, and follows the cursor."""
     from engine import signal
     from screenkit import screen_lines
 

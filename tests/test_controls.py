@@ -1,4 +1,4 @@
-"""Operator controls (SPEC §11) through engine.ops, on SQLite and PostgreSQL: pause / resume,
+"""Operator controls through engine.ops, on SQLite and PostgreSQL: pause / resume,
 cancel, delete, retry now. Stores are filled through the real engine; the state each control
 leaves is read back with plain SQL and through ops (stats, show, audit)."""
 from __future__ import annotations

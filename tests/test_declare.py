@@ -1,4 +1,4 @@
-"""Declaring signals and binding flows (SPEC §1, §2, §9, §9b): option checks, error texts, boot checks."""
+"""Declaring signals and binding flows: option checks, error texts, boot checks."""
 
 from __future__ import annotations
 

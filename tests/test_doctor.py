@@ -1,4 +1,4 @@
-"""`okconsole doctor` (SPEC §13): each check shown ok on a healthy store, and warn / fail on a store
+"""`okconsole doctor`: each check shown ok on a healthy store, and warn / fail on a store
 made unhealthy in that one way, with a detail that names the command to run; exit 1 only on a fail.
 SQLite and PostgreSQL; the console runs as the installed `okconsole`."""
 from __future__ import annotations

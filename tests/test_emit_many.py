@@ -1,4 +1,4 @@
-"""app.emit_many: many messages of one signal in one transaction, all or none, in order (SPEC §12)."""
+"""app.emit_many: many messages of one signal in one transaction, all or none, in order."""
 
 from __future__ import annotations
 

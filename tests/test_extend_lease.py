@@ -1,4 +1,4 @@
-"""fx.extend_lease (SPEC §12): a long handler keeps its message past the original lease; once another
+"""fx.extend_lease: a long handler keeps its message past the original lease; once another
 worker has reclaimed it, extending raises engine.LeaseLost. Two workers (apps with their own store
 connections and worker ids) share one store. Both stores."""
 

@@ -1,4 +1,4 @@
-"""Flow limits across processes (SPEC §16), on SQLite and PostgreSQL: three worker processes
+"""Flow limits across processes, on SQLite and PostgreSQL: three worker processes
 (tests/workers/once_worker.py, mode "limits") share one concurrency limit, one rate limit and a
 broadcast's per-copy limit. The counts come from the intervals the handlers record: never more
 than N running at once, never more than N starts in a window; and an operator's override reaches

@@ -1,4 +1,4 @@
-"""fx: the per-run context (SPEC §4) on SQLite and PostgreSQL."""
+"""fx: the per-run context on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

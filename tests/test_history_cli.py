@@ -1,4 +1,4 @@
-"""`okconsole history SIGNAL [--since D] [--json]` (SPEC §13) on SQLite and PostgreSQL: the rows
+"""`okconsole history SIGNAL [--since D] [--json]` on SQLite and PostgreSQL: the rows
 are the store's minutes, gap-free and oldest first, the table shows the busy ones, and a bad
 --since or an unknown signal is one line and exit 2."""
 

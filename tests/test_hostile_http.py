@@ -198,7 +198,7 @@ def assert_gap_envelope(reply: Reply, signal_name: str, cursor: str) -> str:
 # ------------------------------------------------------------------------------ cursors
 
 def cursor_verdict(s: Served, cursor: str) -> tuple[int, str | None, int | None]:
-    """(status, 410 reason, seq to resume after) for a cursor on order-status, from SPEC §7."""
+    """(status, 410 reason, seq to resume after) for a cursor on order-status, from."""
     if cursor == "":
         return 200, None, None  # an empty cursor is no cursor
     found = re.fullmatch(r"([0-9a-z]{1,40})\.(0|[1-9][0-9]{0,17})", cursor)
@@ -322,7 +322,7 @@ class Route:
 
 
 def decode_path(raw: str) -> list[str] | None | str:
-    """The model of SPEC §7 routing: segments percent-decoded once; "400" for invalid UTF-8;
+    """The model of live routing: segments percent-decoded once; "400" for invalid UTF-8;
     None where no route may match (empty or dot segments, NUL; an encoded dot only as a live name)."""
     raw = raw.split("?", 1)[0]
     parts = raw[1:].split("/")
@@ -566,7 +566,7 @@ async def test_a_cursor_of_a_gone_tape_is_a_410_not_a_500(served):
 
 @pytest.mark.parametrize("name", ["x" * 200, "🦆" * 200, "é" * 60], ids=["200-ascii", "200-astral", "60-latin"])
 async def test_a_live_signal_with_a_200_character_name_boots(db_url, name):
-    """SPEC §1 allows 200 characters; the boot records each live exposure in oke_bindings (a
+    """A name may have 200 characters; the boot records each live exposure in oke_bindings (a
     200-character column) under a label that fits, however long the percent-encoded path."""
     tape = signal.live(name)
     on(http.live(tape).public())

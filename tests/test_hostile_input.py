@@ -3,7 +3,7 @@
 Declarations, emit payloads and keys on SQLite and PostgreSQL, and the console's arguments. The
 HTTP side (SSE cursors, URL paths, gates, odd signal names over the wire) is in
 tests/test_hostile_http.py. The rules: nothing crashes a worker or the server, nothing is stored
-half-written, and each bad input gets a clear one-line error (an OKE code where SPEC has one).
+half-written, and each bad input gets a clear one-line error (an OKE code where one exists).
 
 Examples are few and derandomized (the same inputs on every run), so a failure reproduces and the
 file stays well under a minute; HYPOTHESIS_PROFILE=hostile-long runs ten times as many.
@@ -773,7 +773,7 @@ def _okconsole(*args: str | bytes, env: dict[str, str] | None = None) -> subproc
     ([b"messages", b"\xff\xfe"], 2),                                   # argv that is not UTF-8
     ([b"replay", b"jobs", b"--all", b"--older-than", b"9999999999999999d", b"--dry-run"], 2),
     ([b"messages", b"jobs", b"--limit", b"99999999999999999999"], 0),
-    ([b"--db", b"postgresql+asyncpg://u@h:notaport/db", b"stats"], 2),  # a bad --db URL: SPEC §10b
+    ([b"--db", b"postgresql+asyncpg://u@h:notaport/db", b"stats"], 2),  # a bad --db URL: bad usage
     ([b"--db", b"garbage", b"stats"], 1),
 ])
 def test_subprocess_exits_cleanly(console_store, args, code):

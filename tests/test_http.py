@@ -1,4 +1,4 @@
-"""HTTP and SSE over real uvicorn on 127.0.0.1, on SQLite and PostgreSQL (SPEC §7, §9, §9b).
+"""HTTP and SSE over real uvicorn on 127.0.0.1, on SQLite and PostgreSQL.
 
 Boot checks, gates and their JSON envelopes, flow routes with input schemas, path tricks sent
 byte for byte, SSE framing, heartbeats, [DONE] on stop, resume and every 410 reason, retention by
@@ -279,7 +279,7 @@ async def test_a_public_exposure_needs_no_credentials(db_url):
 
 
 async def test_custom_match_flow_streams_only_what_it_matches(db_url):
-    status = declare()  # binds the gated /orders/:orderId/events before the public vip route (SPEC §7)
+    status = declare()  # binds the gated /orders/:orderId/events before the public vip route
     vip = on(http.get("/orders/vip/events").public().live(status),
              flow(effects={"reads": ["signal:order-status"]},
                   do=lambda _in, fx: fx.live(status, match=lambda p: p["status"] == "shipped")))

@@ -1,5 +1,5 @@
 """Across processes, on SQLite and PostgreSQL: live tapes served by another process, resume after a
-server restart, and broadcast copies delivered once per flow by two worker processes (SPEC §6, §7).
+server restart, and broadcast copies delivered once per flow by two worker processes.
 
 The servers and workers are real child processes (tests/live_workers/*.py) sharing the test's store.
 """

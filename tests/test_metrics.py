@@ -1,4 +1,4 @@
-"""GET /_oke/metrics (SPEC §13): real uvicorn on 127.0.0.1, scraped with httpx and parsed with
+"""GET /_oke/metrics: real uvicorn on 127.0.0.1, scraped with httpx and parsed with
 prometheus_client's own text parser; its figures are compared with `okconsole stats --json` run as
 the real CLI, on SQLite and PostgreSQL."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several hosts, one PostgreSQL, a bad network (bench/netfaults.py --short, SPEC §5).
+"""Several hosts, one PostgreSQL, a bad network (bench/netfaults.py --short).
 
 The script builds its own network namespaces (PostgreSQL in one, a worker process in each of three
 others, one veth pair each, 10.77.x.y only inside them), cuts worker 1 off for longer than several

@@ -1,4 +1,4 @@
-"""once: delivery physics in one process (SPEC §5), on SQLite and PostgreSQL.
+"""once: delivery physics in one process, on SQLite and PostgreSQL.
 
 Every test runs a real app on a real database (`db_url`) and asserts on the stored rows.
 """

@@ -1,4 +1,4 @@
-"""once under concurrency: many processes, SIGKILL, lost leases, per-key FIFO (SPEC §5, §9b).
+"""once under concurrency: many processes, SIGKILL, lost leases, per-key FIFO.
 
 Worker processes are real subprocesses (tests/workers/once_worker.py) on the same database; they
 record every handler call by appending lines to files in the test's tmp dir. The test emits through

@@ -1,5 +1,5 @@
 """A pause issued by one process holds back a worker in ANOTHER process within 1 s, and a resume
-lets it go on (SPEC §11), on SQLite and PostgreSQL. The worker is a real subprocess
+lets it go on, on SQLite and PostgreSQL. The worker is a real subprocess
 (tests/workers/once_worker.py, mode "bulk", which records each message it handles)."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def test_a_pause_from_one_process_stops_a_worker_in_another_within_a_secon
     async with _operator_after_one_handled(db_url, procs) as (app, bulk, first):
         await ops.pause(app.store, "bulk", actor="ana", reason="incident")
         paused_at = time.monotonic()
-        await asyncio.sleep(1.0)  # SPEC: no process claims from at most 1 s after the command
+        await asyncio.sleep(1.0)  # the promise: no process claims from at most 1 s after the command
         held = [await app.emit(bulk, {"n": n}) for n in range(1, 21)]
         await asyncio.sleep(1.5)  # the worker had every chance to take them
         assert [line[0] for line in procs.lines("handled-*")] == [first]

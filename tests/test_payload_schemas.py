@@ -1,4 +1,4 @@
-"""Replacement payloads are checked even where the signal is not declared (SPEC §10b): boot records each
+"""Replacement payloads are checked even where the signal is not declared: boot records each
 signal's JSON Schema; `engine.ops.replay` (so `replay --payload` and the TUI's edit) validates against it
 with `jsonschema`, refusing with OKE1250 and changing nothing; without a JSON Schema the payload is stored
 with a warning on stderr (CLI) or a notice (TUI).

@@ -1,4 +1,4 @@
-"""Time and order options (SPEC §12): delay / at, priority, dedupe and back-off, on SQLite and
+"""Time and order options: delay / at, priority, dedupe and back-off, on SQLite and
 PostgreSQL. Real apps on real databases; every assertion reads the stored rows or what handlers saw.
 What the claim alone promises (priority order, not before run_at, dedupe) is in tests/conformance/.
 """

@@ -1,4 +1,4 @@
-"""The time and order options on the read side (SPEC §12, last line): `messages --json` and
+"""The time and order options on the read side (last line): `messages --json` and
 `show --json` carry run_at / priority / dedupe, and a pending message that waits (a delay, or a
 back-off's next attempt) shows when it is due in `show`, `messages` and the TUI."""
 

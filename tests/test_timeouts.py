@@ -1,4 +1,4 @@
-"""Flow option `timeout` (SPEC §12): a handler still running then is cancelled and the attempt fails
+"""Flow option `timeout`: a handler still running then is cancelled and the attempt fails
 with code `Timeout`, retried or dead by the signal's retries like any failure. Both stores."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenTelemetry (SPEC §13): each run a span `oke.run <flow>`, a chain of emits one trace, a retry a
+"""OpenTelemetry: each run a span `oke.run <flow>`, a chain of emits one trace, a retry a
 new span linked to the attempt before; checked with the SDK's in-memory exporter on SQLite and
 PostgreSQL. Without a provider nothing is traced, and `import engine` never loads opentelemetry."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`okconsole web` (SPEC §13): the real CLI serves the TUI with textual-serve; a real headless
+"""`okconsole web`: the real CLI serves the TUI with textual-serve; a real headless
 Chromium loads it, and the test reads the terminal emulator's own text (xterm.js's buffer, rows
 as the page shows them) over the DevTools protocol: the overview's signal names, the store and
 the read-only mode the served command line carried, and a write key that does nothing.
@@ -148,7 +148,7 @@ async def test_the_tui_in_a_browser_shows_the_overview_and_holds_read_only(store
             server.kill()
             _out, err = server.communicate()
     assert "Traceback" not in err, err
-    assert server.returncode == 130  # stopped by a signal, as after Ctrl-C (SPEC §10b)
+    assert server.returncode == 130  # stopped by a signal, as after Ctrl-C
 
 
 def test_the_served_command_line_carries_the_store_read_only_and_actor():

@@ -1,4 +1,4 @@
-"""Workers (SPEC §13): every running pool records itself in oke_workers at start and every beat, a
+"""Workers: every running pool records itself in oke_workers at start and every beat, a
 lease whose holder is gone is `orphaned` (in `show`, `workers`, the TUI), rows gone for an hour are
 removed; on SQLite and PostgreSQL.
 

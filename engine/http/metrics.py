@@ -1,4 +1,4 @@
-"""GET /_oke/metrics: this process's view in the Prometheus text format (SPEC §13).
+"""GET /_oke/metrics: this process's view in the Prometheus text format.
 
 Each scrape reads the store once for the gauges every process would agree on (messages by status,
 lag, tape heads) and adds what only this process knows: its handler counters and durations, and

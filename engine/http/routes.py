@@ -199,7 +199,7 @@ register_route_binder(_bind_route)
 
 
 def exposure_match(binding: Binding) -> str:
-    """The match part of a live exposure's identity (SPEC §7): `custom:<flow>` for a custom flow,
+    """The match part of a live exposure's identity: `custom:<flow>` for a custom flow,
     else the sorted path-param names joined by ", ", or `(firehose)` without params."""
     route: Route = binding.trigger
     if binding.flow.do is not None:

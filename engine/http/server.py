@@ -391,7 +391,7 @@ class HttpServer:
         try:
             if inspect.iscoroutinefunction(handler):
                 result = await handler(value, fx)
-            else:  # sync handlers run in a thread, as workers run them (SPEC §2)
+            else:  # sync handlers run in a thread, as workers run them
                 result = await asyncio.to_thread(handler, value, fx)
                 if inspect.isawaitable(result):
                     result = await result
@@ -532,7 +532,7 @@ def _raise_bad(message: str) -> Any:
 
 def _jsonable(value: Any) -> Any:
     """What a flow returned, as JSON-ready data: pydantic models by their JSON dump, the records
-    of `engine.ops` and `fx` (frozen dataclasses, SPEC §9b) by their fields, at any depth."""
+    of `engine.ops` and `fx` (frozen dataclasses) by their fields, at any depth."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -70,7 +70,7 @@ class TapeState:
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """Why a cursor cannot be honoured (SPEC §7 410 LiveResumeGap)."""
+    """Why a cursor cannot be honoured (410 LiveResumeGap)."""
 
     reason: str  # malformed | reset | unknown | pruned
     first_id: str | None

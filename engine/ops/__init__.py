@@ -255,7 +255,7 @@ async def workers(
 async def doctor(
     store: Store, *, orphan_after_ms: int = ORPHAN_AFTER_MS, due_after_ms: int = DUE_AFTER_MS
 ) -> list[DoctorCheck]:
-    """The store's health, one `DoctorCheck` per check (SPEC §13), each detail naming what to do."""
+    """The store's health, one `DoctorCheck` per check, each detail naming what to do."""
     return await store.read(lambda conn: _doctor.checks(conn, orphan_after_ms, due_after_ms))
 
 
@@ -501,7 +501,7 @@ async def unbind(
     return Unbound(signal=signal, flow=flow, dead=len(ids), ids=ids)
 
 
-# -- operator controls (SPEC §11) ---------------------------------------------------------------
+# -- operator controls -------------------------------------------------------------------------
 def _named(ids: Iterable[str] | None, what: str) -> tuple[str, ...]:
     """The named ids, once each and in order (one id given as a str is one id); refuse none."""
     if isinstance(ids, str):

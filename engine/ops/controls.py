@@ -1,4 +1,4 @@
-"""Operator controls on named messages (SPEC §11): cancel, delete, retry now.
+"""Operator controls on named messages: cancel, delete, retry now.
 
 Each function runs inside ONE write transaction given by `Store.write`: the status change, the
 failure records and the audit row commit together or not at all. Every change is a guarded

@@ -1,4 +1,4 @@
-"""`pause` / `resume` a signal (SPEC §11), each one write transaction with its audit row.
+"""`pause` / `resume` a signal, each one write transaction with its audit row.
 
 The pause itself is a row in `oke_pauses` (engine/store/pauses.py); workers in every process
 sharing the store read that set and stop claiming the signal's queues (engine/worker/pausing.py).

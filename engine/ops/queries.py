@@ -183,7 +183,7 @@ def _tape_figures(conn: Connection, signal: str, now: int) -> dict[str, Any]:
 
 def _lag_and_scheduled(conn: Connection, signal: str, now: int, clock: int) -> tuple[int | None, int]:
     """The age of the oldest pending message that is due (None: none is), and how many pending
-    messages are not due yet (a delay, an `at`, a back-off: SPEC §12)."""
+    messages are not due yet (a delay, an `at`, a back-off)."""
     pending = and_(m.c.signal == signal, m.c.status == "pending")
     due = or_(m.c.run_at.is_(None), m.c.run_at <= clock)
     oldest = conn.execute(select(m.c.created_at).where(pending, due).order_by(m.c.seq).limit(1)).scalar()

@@ -102,7 +102,7 @@ class SignalStats:
     signal has no messages: its figures are `kept`, `head` and `events_per_s`.
 
     `flows`: every flow (or live exposure) bound to the signal by a process seen in the last
-    5 minutes; a once signal with two splits its messages between them (SPEC §2)."""
+    5 minutes; a once signal with two splits its messages between them."""
 
     signal: str
     kind: str
@@ -113,8 +113,8 @@ class SignalStats:
     dead: int
     lag_ms: int | None
     flows: list[str]
-    paused: bool = False  # an operator paused it (SPEC §11): no process claims its messages
-    scheduled: int = 0  # pending messages not due yet (SPEC §12); lag_ms counts only due ones
+    paused: bool = False  # an operator paused it: no process claims its messages
+    scheduled: int = 0  # pending messages not due yet; lag_ms counts only due ones
     # a live signal's tape (None for once and broadcast): events retained, the newest event's id,
     # and events appended per second over the last minute
     kept: int | None = None
@@ -164,7 +164,7 @@ class UnknownFlow(LookupError):
 
 @dataclass(frozen=True)
 class BindingInfo:
-    """A recorded binding: `active` while seen within its binding_ttl and not retired (SPEC §6)."""
+    """A recorded binding: `active` while seen within its binding_ttl and not retired."""
 
     signal: str
     kind: str

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ..display import cut, one_line
 from .records import Failure, Why
 
-ORPHAN_AFTER_MS = 30_000  # the holder not seen for this long: its lease is orphaned (SPEC §13)
+ORPHAN_AFTER_MS = 30_000  # the holder not seen for this long: its lease is orphaned
 NO_WORKER_AFTER_MS = 5 * 60_000  # no process bound to the signal seen for this long: no_worker
 CANCELLED = "Cancelled"  # the failure code `cancel` records (engine/ops/controls.py)
 TEXT_BYTES = 200  # of one stored text (a failure message, a reason) in the one-line detail

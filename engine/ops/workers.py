@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from ..store.base import lease_clock_ms
 from ..store.workers import FORGET_MS, WorkerRow, leases_by_holder, live_holders, seen_since
 
-ORPHAN_AFTER_MS = 30_000  # SPEC §13: a holder not seen for 30 s
+ORPHAN_AFTER_MS = 30_000  # a holder not seen for 30 s
 SEEN_WITHIN_MS = FORGET_MS  # `okconsole workers` lists the workers seen in the last hour
 
 

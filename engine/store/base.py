@@ -42,7 +42,7 @@ class NewMessage(NamedTuple):
     parent_run_id: str | None
     created_at: int
     traceparent: str | None = None  # the emitting span's W3C context (engine/telemetry/tracing.py)
-    # The time and order options (SPEC §12): due `delay_ms` after the store's clock at the write,
+    # The time and order options: due `delay_ms` after the store's clock at the write,
     # or at `run_at`; claimed by `priority` among due rows; one live row per (queue, dedupe).
     delay_ms: int | None = None
     run_at: int | None = None

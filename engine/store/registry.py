@@ -27,7 +27,7 @@ b = schema.bindings
 DEFAULT_BINDING_TTL = "7d"
 DEFAULT_BINDING_TTL_MS = parse_duration_ms(DEFAULT_BINDING_TTL) or 0
 BINDINGS_CACHE_S = 2.0  # an emitter reuses what it read of the bindings for this long
-RECENT_MS = 5 * 60_000  # "a process seen in the last 5 minutes" (SPEC §2)
+RECENT_MS = 5 * 60_000  # "a process seen in the last 5 minutes"
 LAST_SEEN = func.coalesce(b.c.last_seen, b.c.updated_at)  # rows recorded before schema 3 have no last_seen
 TTL_MS = func.coalesce(b.c.ttl_ms, DEFAULT_BINDING_TTL_MS)
 

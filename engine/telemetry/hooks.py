@@ -24,7 +24,7 @@ class Watch(NamedTuple):
 
 
 def outcome_of(route: Route, attempts: int, ok: bool) -> int:
-    """What the attempt did to the message, as the store records it (SPEC §5): a failure with
+    """What the attempt did to the message, as the store records it: a failure with
     attempts left is `failed`, an exhausted one `dead` (or `delivered` with dead_letter=False)."""
     if ok:
         return DELIVERED

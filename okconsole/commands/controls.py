@@ -1,4 +1,4 @@
-"""The operator controls (SPEC §11): `pause` / `resume` a signal, `limit` its flow, `cancel`, `delete`
+"""The operator controls: `pause` / `resume` a signal, `limit` its flow, `cancel`, `delete`
 and `retry` named messages.
 
 Each is a write like `replay`: refused under --read-only, asks before acting unless --yes (refusing

@@ -5,7 +5,7 @@ read as syntax a person must type. `ConsoleGroup` (the click group Typer builds 
 its commands' parameters to print plain metavars, gives each command a whole sentence as its line in
 the group's help (SUMMARIES), appends each command's examples as its epilog,
 turns a KeyboardInterrupt anywhere into exit status 130, and lets Typer's completion options name
-the shell (`--show-completion zsh`) besides detecting it (SPEC §10b).
+the shell (`--show-completion zsh`) besides detecting it.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ async def _refuse_not_dead(store: ops.Store, signal: str, ids: list[str]) -> Non
 
 
 async def _replay_dead_only(store: ops.Store, signal: str, **options: Any) -> Any:
-    """ops.replay, after refusing named ids that are not dead (SPEC §10b)."""
+    """ops.replay, after refusing named ids that are not dead."""
     if options.get("ids"):
         await _refuse_not_dead(store, signal, options["ids"])
     return await ops.replay(store, signal, **options)

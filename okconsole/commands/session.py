@@ -1,5 +1,5 @@
 """One command's visit to the store: open it through `engine.ops`, run one call, close it, and map
-every way that can fail to an exit status and a one-line reason (SPEC §10b)."""
+every way that can fail to an exit status and a one-line reason."""
 
 from __future__ import annotations
 

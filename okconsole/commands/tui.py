@@ -42,7 +42,7 @@ def _on_terminal() -> bool:
 
 def require_terminal(ctx: typer.Context) -> None:
     """The TUI needs a terminal on stdin and stdout: without one, the help on stderr and exit 2
-    (drawing escape codes into a pipe would hang or garble it; SPEC §10b)."""
+    (drawing escape codes into a pipe would hang or garble it)."""
     if _on_terminal():
         return
     typer.echo(ctx.get_help(), err=True)

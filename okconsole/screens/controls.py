@@ -1,4 +1,4 @@
-"""The operator controls on the screens that list messages (SPEC §11): cancel, delete, retry now.
+"""The operator controls on the screens that list messages: cancel, delete, retry now.
 
 A screen that lists messages subclasses `MessageControls`, says which controls it offers
 (`CONTROLS`) and which messages they act on (`control_target`: the tagged ones, else the one under

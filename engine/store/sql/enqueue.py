@@ -4,7 +4,7 @@ SQLite inserts row by row through `executemany` and the store wakes this process
 PostgreSQL inserts every row from arrays in one statement that also NOTIFYs each queue it filled
 (sent at commit), after taking the per-key locks when any row has a key.
 
-Rows with a time or order option (run_at, priority, dedupe: SPEC §12) go through the `_TIMED`
+Rows with a time or order option (run_at, priority, dedupe) go through the `_TIMED`
 statements instead, so an emit without them runs the statement it always ran. Those skip a row
 whose dedupe key a pending or inflight message of its queue holds (ON CONFLICT on the partial
 unique index `oke_messages_dedupe`, whose predicate the conflict target repeats).
