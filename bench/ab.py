@@ -1,10 +1,12 @@
 """Before/after: the once throughput of two or more engine revisions, alternating, on this machine.
 
     python bench/ab.py before=5d728f4 after=HEAD [--stores pg:8,sqlite:32] [--reps 3] [--messages 20000]
-                       [--locale en_US.UTF-8]
+                       [--locale en_US.UTF-8] [--options 'NAME={"concurrency": 1000}']
 
 Each side is `NAME=REV` (any git revision, `NAME=.` for the working tree's engine/, or a directory
-that holds an `engine/` package, e.g. a variant being measured). Each
+that holds an `engine/` package, e.g. a variant being measured); `--options NAME=JSON` declares
+that side's bench signal with those options (the cost of a limit, say: the same revision twice,
+one side with `{"concurrency": 1000, "rate": "1000000/1s"}`). Each
 revision's `engine/` is exported with `git archive` into a scratch directory and imported by a
 fresh process per run (bench/ab_one.py), so sides never share a process, a warm cache or an
 import. Runs alternate ABBA (rep 0: A B, rep 1: B A, …) and each waits for the machine to be quiet
@@ -41,12 +43,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--locale", help="the cluster's locale (initdb --locale), e.g. en_US.UTF-8; default C")
+    p.add_argument("--options", action="append", default=[], metavar="NAME=JSON",
+                   help="signal.once options for that side's bench signal (repeatable)")
     p.add_argument("--out", default=str(BENCH / "results" / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
     a = p.parse_args()
     a.sides = [tuple(s.split("=", 1)) for s in a.sides]
     if any(len(s) != 2 for s in a.sides):
         p.error("each side is NAME=REV")
     a.stores = [(s, int(c)) for s, c in (x.split(":") for x in a.stores.split(","))]
+    a.options = dict(o.split("=", 1) for o in a.options)
+    for name, options in a.options.items():
+        if name not in dict(a.sides) or not isinstance(json.loads(options), dict):
+            p.error(f"--options {name}=…: name a side and give a JSON object")
     return a
 
 
@@ -63,8 +71,10 @@ def export_engine(rev: str, into: Path) -> Path:
     return into
 
 
-def one_run(root: Path, store: str, handlers: int, n: int, cluster: PgCluster) -> dict | None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def one_run(root: Path, store: str, handlers: int, n: int, cluster: PgCluster, options: str = "") -> dict | None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OKE_BENCH_SIGNAL_OPTIONS")}
+    if options:
+        env["OKE_BENCH_SIGNAL_OPTIONS"] = options
     args = [sys.executable, str(BENCH / "ab_one.py"), str(root), store, str(n), str(handlers)]
     if store == "pg":
         args += [cluster.admin_dsn or "", cluster.data_dir]
@@ -110,7 +120,7 @@ def main() -> int:
                 for store, handlers in a.stores:
                     for side in order:
                         busy = wait_quiet(20)
-                        row = one_run(roots[side], store, handlers, a.messages, cluster)
+                        row = one_run(roots[side], store, handlers, a.messages, cluster, a.options.get(side, ""))
                         if row is None:
                             continue
                         rec = {"side": side, "rev": dict(a.sides)[side], "store": store, "handlers": handlers,

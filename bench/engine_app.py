@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -21,9 +23,11 @@ async def noop(payload: Any, fx: Any) -> None:
 
 
 def declare(handler: Callable = noop):
-    """Fresh declarations for this run (engine.reset() forgets the previous run's)."""
+    """Fresh declarations for this run (engine.reset() forgets the previous run's); the signal's
+    options come from OKE_BENCH_SIGNAL_OPTIONS (JSON) when set, e.g. a limit whose cost bench/ab.py
+    measures."""
     engine.reset()
-    sig = signal.once(SIGNAL)
+    sig = signal.once(SIGNAL, **json.loads(os.environ.get("OKE_BENCH_SIGNAL_OPTIONS") or "{}"))
     on(sig, flow(FLOW, do=handler))
     return sig
 
