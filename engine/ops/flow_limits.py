@@ -18,7 +18,7 @@ from ..durations import parse_rate
 from ..store import limits, schema
 from ..store.base import lease_clock_ms
 from ..store.limits import NONE, Limits, Override
-from ..store.sql.gates import SlidingWindowLog
+from ..store.sql.gates import SlidingWindowLog, expand
 from ..store.sql.notify import notify_pause
 from . import queries
 from .pausing import queues_of
@@ -79,7 +79,8 @@ def _rate_until(conn: Connection, queue: str, rate: str | None, now: int) -> int
     if parts is None:
         return None
     count, window_ms = parts
-    starts = [int(a) for (a,) in conn.execute(select(r.c.at).where(r.c.queue == queue, r.c.at > now - window_ms))]
+    rows = conn.execute(select(r.c.at, r.c.n).where(r.c.queue == queue, r.c.at > now - window_ms))
+    starts = expand([(int(at), int(n)) for at, n in rows])
     fits = SlidingWindowLog(count, window_ms, starts).fits_at(now)
     return fits if fits > now else None
 

@@ -196,13 +196,15 @@ limits = Table(
 )
 
 # The handler starts of rate-limited queues inside their window (engine/store/sql/gates.py): a
-# gated claim logs one row per start and deletes the ones older than the window.
+# gated claim logs one row for the `n` starts it made at `at` and deletes the ones older than the
+# window (a row a claim, not a start: a generous limit's window holds its claims, not its messages).
 rate_starts = Table(
     "oke_rate_starts",
     metadata,
     Column("id", Seq, primary_key=True, autoincrement=True),
     Column("queue", Name(401), nullable=False),
     Column("at", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False, server_default=text("1")),
 )
 Index("oke_rate_starts_queue", rate_starts.c.queue, rate_starts.c.at)
 

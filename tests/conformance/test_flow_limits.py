@@ -91,7 +91,8 @@ async def test_a_rate_gate_admits_n_starts_a_window_and_says_when_the_next_fits(
         await asyncio.sleep((held.held_back_ms + 50) / 1000)
         later = await app.store.claim_gated("w1", [], [], [gate], 60_000, 20, 20)
         assert len(later.claimed) == 4
-        starts = [int(a) for (a,) in await fetch(shape.url, "SELECT at FROM oke_rate_starts WHERE queue = 'g.paced'")]
+        rows = await fetch(shape.url, "SELECT at, n FROM oke_rate_starts WHERE queue = 'g.paced'")
+        starts = [int(at) for at, n in rows for _ in range(int(n))]
         assert len(starts) == 4 and len(set(starts)) == 1  # the first window's four were deleted
 
 

@@ -10,7 +10,16 @@ import pytest
 
 from engine import signal
 from engine.durations import parse_rate
-from engine.store.sql.gates import CONCURRENCY_POLL_MS, Gate, GateRoom, SlidingWindowLog, gate_room, held_back_ms
+from engine.store.sql.gates import (
+    CONCURRENCY_POLL_MS,
+    Gate,
+    GateRoom,
+    SlidingWindowLog,
+    expand,
+    gate_room,
+    held_back_ms,
+    needs_starts,
+)
 
 
 class FakeClock:
@@ -123,3 +132,17 @@ def test_an_override_replaces_each_limit_it_names_and_a_row_written_by_hand_badl
     assert in_force(5, "10/1m", Override(0, "none")) == Limits(None, None, True)  # lifted
     assert in_force(None, None, Override(None, "3/s")) == Limits(None, "3/s", True)
     assert in_force(5, "10/1m", Override(-4, "lots")) == Limits(5, "10/1m", True)  # by hand: ignored
+
+
+def test_a_window_with_room_is_counted_not_read_start_by_start() -> None:
+    """A claim sums the window's starts; it reads them one by one only when the sum may not leave
+    room for what it wants, and then the answer is the one the full log gives."""
+    gate = Gate("q", "q", None, 10, 60_000)
+    assert not needs_starts(gate, started=2, wanted=8)  # 8 fit beside 2 of 10: a sum is enough
+    assert gate_room(gate, 100, 8, running=0, starts=[], started=2) == GateRoom(8, None, None)
+    assert needs_starts(gate, started=9, wanted=8)
+    log = [50] * 9
+    assert gate_room(gate, 100, 8, running=0, starts=log, started=9) == gate_room(gate, 100, 8, 0, log)
+    assert gate_room(gate, 100, 8, running=0, starts=log, started=9) == GateRoom(1, "rate", 60_050)
+    assert expand([(50, 3), (70, 1)]) == [50, 50, 50, 70]
+    assert not needs_starts(Gate("q", "q", 3, None, None), started=0, wanted=99)  # no rate: nothing to read

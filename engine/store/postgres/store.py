@@ -50,10 +50,13 @@ from ..sql.gates import (
     POSTGRES_GATE_STATE,
     POSTGRES_LOCK_GATES,
     POSTGRES_RECORD_STARTS,
+    POSTGRES_STARTS,
     Gate,
     GateRoom,
+    expand,
     gate_room,
     held_back_ms,
+    needs_starts,
 )
 from ..sql.handoff import (
     EMIT_ONE,
@@ -685,8 +688,11 @@ async def _claim_gates(
     now = 0
     for gate, found in zip(ordered, state, strict=True):
         now = found["now"]
-        room = gate_room(gate, now, claim_size_step(max(0, gated_limit - len(rows))), found["running"],
-                         found["starts"] or [])  # fmt: skip
+        wanted, started = claim_size_step(max(0, gated_limit - len(rows))), found["started"]
+        starts: list[int] = []
+        if started is not None and needs_starts(gate, started, wanted):
+            starts = expand(await conn.fetch(POSTGRES_STARTS, gate.queue, now - (gate.rate_window_ms or 0)))
+        room = gate_room(gate, now, wanted, found["running"], starts, started)
         take = claim_size_step(room.allowed)
         taken = await conn.fetch(claim_statement(take), worker_id, lease_ms, [gate.queue]) if take else []
         if taken and gate.rate_window_ms is not None:

@@ -11,7 +11,9 @@ snapshot: READ COMMITTED) include every claim committed before it.
   clock). Counted on the (signal, status, seq) index: the inflight rows of one signal.
 - rate N/W: at most N handler starts in any window of W ms, a start being counted when its claim
   takes the message, by the lease clock. The starts of the last W ms are rows of
-  `oke_rate_starts`; older ones are deleted by the next claim that records a start.
+  `oke_rate_starts`, one a claim with its count; older ones are deleted by the next claim that
+  records a start. A claim sums the window's counts, and reads the starts one by one only when the
+  window is nearly full (to say when the next start fits): a generous limit costs a sum.
   docs/design/flow-limits.md says why a sliding window log, and what it guarantees at the edges.
 
 Standard library only: the SQLite writer process runs it.
@@ -88,12 +90,18 @@ class GateRoom(NamedTuple):
     until: int | None
 
 
-def gate_room(gate: Gate, now: int, wanted: int, running: int, starts: Sequence[int]) -> GateRoom:
+def gate_room(
+    gate: Gate, now: int, wanted: int, running: int, starts: Sequence[int], started: int | None = None
+) -> GateRoom:
     """How many of `wanted` messages `gate` lets a claim take at `now`, `running` being its inflight
-    messages under a live lease and `starts` its recorded starts (any age)."""
+    messages under a live lease and `starts` its recorded starts (any age). `started`, when given,
+    is the count of starts inside the window, and `starts` is read only when it may not leave room
+    (`needs_starts`): the caller passes none when it does."""
     allowed, limited_by, until = wanted, None, None
     if gate.concurrency is not None and gate.concurrency - running < allowed:
         allowed, limited_by = max(0, gate.concurrency - running), "concurrency"
+    if started is not None and not needs_starts(gate, started, allowed):
+        return GateRoom(allowed, limited_by, until)
     if gate.rate_count is not None and gate.rate_window_ms is not None:
         window = SlidingWindowLog(gate.rate_count, gate.rate_window_ms, starts)
         room = window.room(now)
@@ -101,6 +109,17 @@ def gate_room(gate: Gate, now: int, wanted: int, running: int, starts: Sequence[
             window.admit(now, room)
             allowed, limited_by, until = room, "rate", window.fits_at(now)
     return GateRoom(allowed, limited_by, until)
+
+
+def needs_starts(gate: Gate, started: int, wanted: int) -> bool:
+    """Whether a claim of `wanted` must read the window's starts one by one: only when the window's
+    `started` count leaves less room than that (then it says when the next start fits)."""
+    return gate.rate_count is not None and gate.rate_count - started < wanted
+
+
+def expand(rows: Sequence[tuple[int, int]]) -> list[int]:
+    """The start times of `oke_rate_starts` rows, (at, n): `n` starts at `at`."""
+    return [at for at, n in rows for _ in range(n)]
 
 
 def held_back_ms(rooms: Sequence[tuple[GateRoom, bool]], now: int) -> int | None:
@@ -119,35 +138,39 @@ SQLITE_RUNNING = """
 SELECT count(*) FROM oke_messages
  WHERE signal = ? AND status = 'inflight' AND queue = ? AND lease_expires_at >= ?
 """
-SQLITE_STARTS = "SELECT at FROM oke_rate_starts WHERE queue = ? AND at > ?"
+SQLITE_STARTED = "SELECT coalesce(sum(n), 0) FROM oke_rate_starts WHERE queue = ? AND at > ?"
+SQLITE_STARTS = "SELECT at, n FROM oke_rate_starts WHERE queue = ? AND at > ?"
 SQLITE_DUE_WAITING = """
 SELECT 1 FROM oke_messages
  WHERE signal = ? AND status = 'pending' AND queue = ? AND (run_at IS NULL OR run_at <= ?) LIMIT 1
 """
 SQLITE_PRUNE_STARTS = "DELETE FROM oke_rate_starts WHERE queue = ? AND at <= ?"
-SQLITE_RECORD_START = "INSERT INTO oke_rate_starts (queue, at) VALUES (?, ?)"
+SQLITE_RECORD_START = "INSERT INTO oke_rate_starts (queue, at, n) VALUES (?, ?, ?)"
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
 # $1 the gated queues' lock keys, sorted: locked one by one in that order until the commit.
 POSTGRES_LOCK_GATES = "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k"
 # After the locks, in a new snapshot: the lease clock, and per gate ($1 queues, $2 signals, $3
-# windows in ms, 0 without a rate) its running count and the starts inside its window.
+# windows in ms, 0 without a rate) its running count and the count of starts inside its window.
 POSTGRES_GATE_STATE = """
 WITH clock AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now)
 SELECT g.queue, clock.now,
        (SELECT count(*) FROM oke_messages AS m
          WHERE m.signal = g.signal AND m.status = 'inflight' AND m.queue = g.queue
            AND m.lease_expires_at >= clock.now) AS running,
-       CASE WHEN g.window_ms > 0 THEN ARRAY(
-         SELECT r.at FROM oke_rate_starts AS r WHERE r.queue = g.queue AND r.at > clock.now - g.window_ms)
-       END AS starts,
+       CASE WHEN g.window_ms > 0 THEN (
+         SELECT coalesce(sum(r.n), 0) FROM oke_rate_starts AS r
+          WHERE r.queue = g.queue AND r.at > clock.now - g.window_ms)
+       END AS started,
        EXISTS (SELECT 1 FROM oke_messages AS p
                 WHERE p.signal = g.signal AND p.status = 'pending' AND p.queue = g.queue
                   AND (p.run_at IS NULL OR p.run_at <= clock.now)) AS waiting
   FROM unnest($1::text[], $2::text[], $3::bigint[]) AS g(queue, signal, window_ms), clock
 """
+# $1 queue, $2 the window's start: the starts inside it, one by one (a nearly full window only).
+POSTGRES_STARTS = "SELECT at, n FROM oke_rate_starts WHERE queue = $1 AND at > $2"
 # $1 queue, $2 now, $3 how many starts, $4 the window: record the starts, forget the ones outside it.
 POSTGRES_RECORD_STARTS = """
 WITH gone AS (DELETE FROM oke_rate_starts WHERE queue = $1 AND at <= $2::bigint - $4::bigint)
-INSERT INTO oke_rate_starts (queue, at) SELECT $1, $2 FROM generate_series(1, $3::integer)
+INSERT INTO oke_rate_starts (queue, at, n) VALUES ($1, $2, $3::integer)
 """

@@ -27,11 +27,14 @@ from ..sql.gates import (
     SQLITE_PRUNE_STARTS,
     SQLITE_RECORD_START,
     SQLITE_RUNNING,
+    SQLITE_STARTED,
     SQLITE_STARTS,
     Gate,
     GateRoom,
+    expand,
     gate_room,
     held_back_ms,
+    needs_starts,
 )
 from ..sql.settle import (
     ACK_BATCH_FROM,
@@ -299,10 +302,16 @@ def _gate_room(raw: sqlite3.Connection, gate: Gate, now: int, wanted: int) -> Ga
     running = 0
     if gate.concurrency is not None:
         running = raw.execute(SQLITE_RUNNING, (gate.signal, gate.queue, now)).fetchone()[0]
-    starts: list[int] = []
-    if gate.rate_window_ms is not None:
-        starts = [r[0] for r in raw.execute(SQLITE_STARTS, (gate.queue, now - gate.rate_window_ms))]
-    return gate_room(gate, now, wanted, running, starts)
+    if gate.rate_window_ms is None:
+        return gate_room(gate, now, wanted, running, [])
+    since = now - gate.rate_window_ms
+    started = raw.execute(SQLITE_STARTED, (gate.queue, since)).fetchone()[0]
+    starts = (
+        expand(raw.execute(SQLITE_STARTS, (gate.queue, since)).fetchall())
+        if needs_starts(gate, started, wanted)
+        else []
+    )
+    return gate_room(gate, now, wanted, running, starts, started)
 
 
 def _record_starts(raw: sqlite3.Connection, gate: Gate, now: int, started: int) -> None:
@@ -310,7 +319,7 @@ def _record_starts(raw: sqlite3.Connection, gate: Gate, now: int, started: int) 
     if gate.rate_window_ms is None or not started:
         return
     raw.execute(SQLITE_PRUNE_STARTS, (gate.queue, now - gate.rate_window_ms))
-    raw.executemany(SQLITE_RECORD_START, [(gate.queue, now)] * started)
+    raw.execute(SQLITE_RECORD_START, (gate.queue, now, started))
 
 
 # The transactions a writer runs by name (the writer process gets the name and the arguments).
