@@ -83,6 +83,9 @@ def test_cancel_json_dry_run_skips_and_replay(db_url, shop):
     assert cli("--db", db_url, "cancel", "shop.email").exit_code == 2  # neither ids nor --all
     assert cli("--db", db_url, "cancel", "shop.email", ids["due"], "--all", "--yes").exit_code == 2
     assert cli("--db", db_url, "cancel", "shop.email", "no-such", "--yes").exit_code == 2
+    [(audit_id,)] = store_sql(db_url, "SELECT id FROM oke_messages WHERE signal = 'shop.audit' LIMIT 1")
+    other = cli("--db", db_url, "cancel", "shop.email", audit_id, "--yes")  # a message of another signal
+    assert other.exit_code == 2 and audit_id in other.output and status_of(db_url, audit_id) == "delivered"
     dry = as_json(cli("--db", db_url, "--read-only", "cancel", "shop.email", "--all", "--dry-run", "--json"))
     assert dry == {"cancelled": 0, "would_cancel": 2, "ids": [ids["due"], ids["waiting"]], "skipped": [],
                    "would_request": []}
