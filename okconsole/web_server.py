@@ -90,7 +90,11 @@ class GatedServer(Server):  # type: ignore[misc]
             "config": {"static": {"url": f"{base}{router['static'].url_for(filename='/')}".rstrip("/") + "/"}},
             "application": {"name": self.title},
         }
-        return aiohttp_jinja2.render_template("app_index.html", request, context)
+        page = aiohttp_jinja2.render_template("app_index.html", request, context)
+        # no-store keeps the page out of the back/forward cache: a cached page keeps its WebSocket,
+        # so leaving the console would hold its process and a --max-sessions slot until evicted
+        page.headers["Cache-Control"] = "no-store"
+        return page
 
     async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
         """textual-serve's handler, with the session's source given to its console process."""

@@ -423,7 +423,8 @@ async def test_a_page_of_another_origin_cannot_drive_the_console(sqlite_url, chr
             # then visits another site on this machine: same site (cookies ignore ports), other origin
             with HostileSite(web.port) as site:
                 await browser.call("Page.navigate", {"url": site.url})
-                await web.wait_consoles(0)  # leaving the console's page ended its session
+                # leaving the page ends its session at once: not kept alive in the back/forward cache
+                await web.wait_consoles(0, timeout=15)
                 deadline = time.monotonic() + 30
                 while await browser.evaluate("window.result") == "pending":
                     assert time.monotonic() < deadline, "the hostile WebSocket neither opened nor failed"
