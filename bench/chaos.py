@@ -106,6 +106,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from limitkit import most_at_once, most_in_window  # noqa: E402
 from prockit import children  # noqa: E402
 
 WORKER = REPO / "tests" / "chaos_workers" / "worker.py"
@@ -1482,26 +1483,6 @@ class LimitRun:
                   f"{len(rows)} limited messages delivered; {CAPPED} at most {capped} at once "
                   f"(limit {CAPPED_CONCURRENCY}), {PACED} at most {paced} starts in "
                   f"{self.window_ms - LIMIT_HANDOVER_MS} ms ({PACED_RATE}) over {len(starts)} starts", problems)
-
-
-def most_at_once(runs: list[tuple[int, int]]) -> int:
-    """The most runs at once (one ending at t and one starting at t do not overlap)."""
-    edges = sorted([(end, -1) for _, end in runs] + [(start, 1) for start, _ in runs])
-    most = running = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
-
-
-def most_in_window(starts: list[int], window_ms: int) -> int:
-    """The most of the sorted `starts` in any interval [t, t + window_ms)."""
-    best, lo = 0, 0
-    for hi, at in enumerate(starts):
-        while starts[lo] <= at - window_ms:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
 
 
 # --------------------------------------------------------------------------- main

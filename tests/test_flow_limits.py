@@ -16,6 +16,7 @@ from engine.durations import parse_rate
 from engine.flows import Binding
 from consolekit import wait_for
 from okconsole.app import ConsoleApp
+from limitkit import most_at_once, most_in_window
 from prockit import WorkerProcs, until
 from screenkit import screen_lines
 from workers.once_worker import FAN_CONCURRENCY, LIMITED_CONCURRENCY, LIMITED_RATE
@@ -50,25 +51,6 @@ def intervals(procs: WorkerProcs, queue: str) -> list[tuple[int, int]]:
     return out
 
 
-def most_running(runs: list[tuple[int, int]]) -> int:
-    """The most runs at once: a run ending at t and one starting at t do not overlap."""
-    edges = sorted([(end, -1) for _, end in runs] + [(start, 1) for start, _ in runs])
-    most = running = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
-
-
-def most_starts_in(starts: list[int], window_ms: int) -> int:
-    starts, best, lo = sorted(starts), 0, 0
-    for hi, at in enumerate(starts):
-        while starts[lo] <= at - window_ms:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
-
-
 def _row(app: ConsoleApp, name: str) -> str:
     return next((line for line in screen_lines(app) if line.strip().startswith(name + " ")), "")
 
@@ -99,12 +81,12 @@ async def test_processes_share_one_concurrency_limit_one_rate_limit_and_a_per_co
     assert {(m.status, m.attempts) for m in shown} == {("delivered", 1)}  # held back, never failed
 
     # 24 slots in three processes: the limit, not the slots, is what kept it to N, and N was reached
-    assert most_running(intervals(procs, "lim.conc")) == LIMITED_CONCURRENCY
+    assert most_at_once(intervals(procs, "lim.conc")) == LIMITED_CONCURRENCY
     for copy in ("lim.fan/a", "lim.fan/b"):  # per flow copy queue
-        assert most_running(intervals(procs, copy)) == FAN_CONCURRENCY
+        assert most_at_once(intervals(procs, copy)) == FAN_CONCURRENCY
     count, window_ms = parse_rate(LIMITED_RATE)
     starts = [start for start, _ in intervals(procs, "lim.rate")]
-    assert most_starts_in(starts, window_ms - HANDOVER_MS) <= count
+    assert most_in_window(starts, window_ms - HANDOVER_MS) <= count
     assert max(starts) - min(starts) >= (20 // count - 1) * window_ms - HANDOVER_MS  # paced, not a burst
     assert len({worker for kind, q, *_, worker, _ in procs.lines("events") if q == "lim.rate"}) >= 2
 
@@ -140,7 +122,7 @@ async def test_an_override_reaches_every_process_within_a_second_until_reset(db_
 
         await until(lambda: _ended(procs, "lim.conc", 12), "every run under the override", timeout=90)
         under = [run for run in intervals(procs, "lim.conc") if run[0] > set_at + 1000]
-        assert len(under) == 12 and most_running(under) == 1
+        assert len(under) == 12 and most_at_once(under) == 1
 
         reset = await ops.limit(app.store, "lim.conc", reset=True, actor="ana")
         assert (reset.concurrency, reset.overridden, reset.changed) == (LIMITED_CONCURRENCY, False, True)
@@ -150,7 +132,7 @@ async def test_an_override_reaches_every_process_within_a_second_until_reset(db_
             await app.emit(capped, {"ms": 100})
         await until(lambda: _ended(procs, "lim.conc", 42), "every run after the reset", timeout=90)
         after = [run for run in intervals(procs, "lim.conc") if run[0] > reset_at]
-        assert most_running(after) == LIMITED_CONCURRENCY
+        assert most_at_once(after) == LIMITED_CONCURRENCY
         audit = [e for e in await ops.audit(app.store) if e.action == "limit"]
         assert [e.reason for e in audit][-2:] in (
             ["concurrency 1: API slow", "reset to the declared limits"],
