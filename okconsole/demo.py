@@ -20,7 +20,6 @@ import engine
 from engine import OkeApp, Unauthorized, flow, gate, oke, on, signal
 
 DEMO_TOKEN = "demo-token"
-DEMO_PORT = 6530
 CUSTOMERS = ["ada", "grace", "linus", "barbara", "ken", "margaret", "dennis", "radia"]
 
 
@@ -126,7 +125,7 @@ async def produce(app: OkeApp, orders: Any, catalog: Any, rng: random.Random, st
 class DemoRunner:
     """The demo app, its HTTP server and its producer, started and stopped together."""
 
-    def __init__(self, database_url: str | None, port: int = DEMO_PORT, seed: int | None = None) -> None:
+    def __init__(self, database_url: str | None, port: int, seed: int | None = None) -> None:
         engine.reset()
         self.rng = random.Random(seed)
         self.orders, _emails, self.catalog, _status = declare(self.rng)
@@ -152,7 +151,7 @@ class DemoRunner:
 
 
 async def run_headless(
-    database_url: str | None, seconds: float | None, port: int = DEMO_PORT, announce: Callable[[], None] | None = None
+    database_url: str | None, seconds: float | None, port: int, announce: Callable[[], None] | None = None
 ) -> None:
     """Run the demo without the TUI for `seconds` (None: until cancelled); `announce` runs once it is up."""
     runner = DemoRunner(database_url, port)

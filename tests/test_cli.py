@@ -616,3 +616,25 @@ def test_a_connection_refused_after_nobody_awaits_it_prints_no_traceback(tmp_pat
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
         "okconsole: cannot reach PostgreSQL at 127.0.0.1:1/nope: connection was closed in the middle of operation"]
+
+
+async def test_a_read_command_starts_without_the_engines_app_server_or_worker(tmp_path):
+    """`okconsole stats` reads the store through engine.ops: loading the app, its HTTP server and the
+    worker would only slow the start of every command an operator types."""
+    store = make_store(f"sqlite+aiosqlite:///{tmp_path / 'oke.db'}")
+    await store.open()
+    await store.close()
+    probe = (
+        "import sys\n"
+        "from okconsole.cli import main\n"
+        f"sys.argv = ['okconsole', '--db', 'sqlite+aiosqlite:///{tmp_path / 'oke.db'}', 'stats', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    loaded = sorted(m for m in ('engine.app', 'engine.http.server', 'engine.worker', 'uvicorn')\n"
+        "                    if m in sys.modules)\n"
+        "    print('loaded:', loaded, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "loaded: []" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and json.loads(proc.stdout) == [], (proc.returncode, proc.stdout, proc.stderr)

@@ -16,18 +16,21 @@ import math
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from engine import OkeApp
 from engine.errors import OkeError, SchemaTooNew, StoreUnavailable
 
 from ..dburl import BadDatabaseUrl, database_url
-from ..demo import DEMO_PORT
 from .common import DB_OPTION, State, fail, state_of, url_of
 from .conventions import INTERRUPTED
 from .session import shown_url
+
+if TYPE_CHECKING:
+    from engine import OkeApp
+
+DEMO_PORT = 6530  # the demo shop's HTTP port on 127.0.0.1
 
 
 def _bind_error(host: str, port: int) -> BaseException | None:
@@ -125,6 +128,8 @@ def _import_module(module_name: str) -> Any:
 
 def load_app(target: str) -> OkeApp:
     """The OkeApp named by MODULE:ATTR (the working directory is importable)."""
+    from engine import OkeApp
+
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         fail(2, f'serve: expected MODULE:ATTR (e.g. "shop.app:app"), got "{target}"')
