@@ -123,16 +123,18 @@ async def _add_delivered(url: str, signal: str, minute: int, n: int) -> None:
 
 
 async def test_now_rate_divides_the_unfinished_minute_by_its_elapsed_part(db_url):
-    """120 delivered so far in the current minute, 20 s into it, is 6/s, not 2/s (120 / 60 s):
+    """600 delivered so far in the current minute, 20 s into it, is 30/s, not 10/s (600 / 60 s):
     the header's "now" and the chart's last bar use the elapsed part of the minute."""
     import asyncio
     import time
 
     await populate(db_url)
-    if time.time() % 60 > 35:  # leave the minute room to be clearly unfinished while the screen renders
+    # 600 in a minute tells the elapsed part from the whole minute (by more than 0.5/s) until 57 s
+    # into it: start by 45 s, so the screen has 12 s to render.
+    if time.time() % 60 > 45:
         await asyncio.sleep(61 - time.time() % 60)
     minute = now_ms() - now_ms() % 60_000
-    await _add_delivered(db_url, "tasks.email", minute, 120)
+    await _add_delivered(db_url, "tasks.email", minute, 600)
     count = next(p.delivered for p in await _points(db_url) if p.at == minute)
     app = ConsoleApp(db_url, refresh_s=0.2)
     async with app.run_test(size=(120, 40)) as pilot:

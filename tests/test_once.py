@@ -673,8 +673,11 @@ async def test_sqlite_settles_each_outcome_with_the_next_claim(sqlite_url):
                 return await _method(*args, **kwargs)
             setattr(store, name, counting)
         await app.drain(concurrency=1)
-        assert carried["settle_and_claim"] >= 105, carried  # nearly every outcome went with the next claim
-        assert counted["claim"] + counted["settle"] <= 5, counted
+        # Nearly every outcome went with the next claim (of 110). A few settle alone when a retry's
+        # back-off leaves nothing to claim, more of them on a loaded machine; without the carrying,
+        # every one of the ~100 cycles would settle alone.
+        assert carried["settle_and_claim"] >= 95, carried
+        assert counted["claim"] + counted["settle"] <= 10, counted
         rows = await fetch(sqlite_url, "SELECT status, attempts FROM oke_messages ORDER BY seq")
         runs = await fetch(sqlite_url, "SELECT status, count(*) FROM oke_runs GROUP BY status")
         failures = await scalar(sqlite_url, "SELECT count(*) FROM oke_failures")
