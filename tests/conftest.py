@@ -2,8 +2,8 @@
 
 Fixtures
     pg_cluster  (session)  the running PgCluster (tests/pgcluster.py); OKE_TEST_PG_DSN reuses a server
-    pg_url      (function) postgresql+asyncpg://postgres@127.0.0.1:PORT/oke_t_<hex>, a fresh empty
-                           database, dropped WITH (FORCE) afterwards
+    pg_url      (function) postgresql+asyncpg://postgres@127.0.0.1:PORT/oke_t_<hex>, an empty database
+                           of its own: renamed and emptied afterwards for a later test (DatabasePool)
     sqlite_url  (function) sqlite+aiosqlite:///<tmp_path>/oke.db
     db_url      (function) parametrized ["sqlite", "postgres"]: one of the two above
     pgbouncer_transaction, pgbouncer_session  (session)  a real PgBouncer (tests/pgbouncerkit.py) in front
@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pgbouncerkit import Pooled, PgBouncer  # noqa: E402
-from pgcluster import PgCluster, PgClusterError  # noqa: E402
+from pgcluster import DatabasePool, PgCluster, PgClusterError  # noqa: E402
 from prockit import worker_procs  # noqa: E402
 
 _PG_FIXTURES = {"pg_cluster", "pg_url", "pgbouncer_transaction", "pgbouncer_session", "pooled"}
@@ -33,6 +33,7 @@ _PG_FIXTURES = {"pg_cluster", "pg_url", "pgbouncer_transaction", "pgbouncer_sess
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "postgres: uses the test PostgreSQL server (added automatically)")
+    config.addinivalue_line("markers", "long: runs for 10 s or more; the suite starts these first")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,6 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         via_db_url = callspec is not None and callspec.params.get("db_url") == "postgres"
         if names & _PG_FIXTURES or via_db_url:
             item.add_marker(pytest.mark.postgres)
+    # The files of long tests first: pytest-xdist hands files out in the order of their first test,
+    # so these spread over the workers at the start instead of one finishing alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 def _in_ci() -> bool:
@@ -69,14 +73,18 @@ def pg_cluster():
         cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def pg_databases(pg_cluster: PgCluster) -> DatabasePool:
+    return DatabasePool(pg_cluster)
+
+
 @pytest.fixture
-def pg_url(pg_cluster: PgCluster):
-    name = f"oke_t_{uuid.uuid4().hex[:16]}"
-    url = pg_cluster.create_database(name)
+def pg_url(pg_cluster: PgCluster, pg_databases: DatabasePool):
+    name = pg_databases.take()
     try:
-        yield url
+        yield pg_cluster.sqlalchemy_url(name)
     finally:
-        pg_cluster.drop_database(name)
+        pg_databases.give_back(name)
 
 
 def _pgbouncer(cluster: PgCluster, pool_mode: str):

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -472,6 +473,66 @@ class PgCluster:
             self.fetch("SELECT 1")
         except Exception as e:  # noqa: BLE001
             raise PgClusterError(f"cannot connect to {ENV_DSN}={self.admin_dsn!r}: {e}") from e
+
+
+class DatabasePool:
+    """Empty databases for one test process's tests, each taken by one test at a time.
+
+    CREATE DATABASE copies the 7.5 MB template through the WAL: 0.2 s of the server's CPU, for
+    each of some 640 PostgreSQL tests a run. Emptying a database a test used takes 0.04 s. A
+    database given back is renamed first, so a straggler of the last test (a worker process not
+    yet reaped) can no longer reach it, then loses every schema and extension it gained; anything
+    that fails on the way drops it instead.
+    """
+
+    _EMPTY = """
+        DO $$
+        DECLARE
+            found name;
+        BEGIN
+            FOR found IN SELECT extname FROM pg_extension WHERE extname <> 'plpgsql' LOOP
+                EXECUTE format('DROP EXTENSION %I CASCADE', found);
+            END LOOP;
+            FOR found IN SELECT nspname FROM pg_namespace
+                         WHERE left(nspname, 3) <> 'pg_' AND nspname <> 'information_schema' LOOP
+                EXECUTE format('DROP SCHEMA %I CASCADE', found);
+            END LOOP;
+            CREATE SCHEMA public AUTHORIZATION pg_database_owner;
+            GRANT USAGE ON SCHEMA public TO PUBLIC;
+        END $$
+    """
+
+    def __init__(self, cluster: PgCluster, prefix: str = "oke_t_") -> None:
+        self.cluster = cluster
+        self.prefix = prefix
+        self._free: list[str] = []
+
+    def take(self) -> str:
+        """An empty database's name."""
+        if self._free:
+            return self._free.pop()
+        name = self._new_name()
+        self.cluster.create_database(name)
+        return name
+
+    def give_back(self, name: str) -> None:
+        fresh = self._new_name()
+        try:
+            self.cluster.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+            self.cluster.fetch(f"ALTER DATABASE {_quote_ident(name)} RENAME TO {_quote_ident(fresh)}")
+        except Exception:  # noqa: BLE001 - a straggler connected again: drop it instead
+            self.cluster.drop_database(name)
+            return
+        try:
+            self.cluster.fetch(self._EMPTY, database=fresh)
+        except Exception:  # noqa: BLE001
+            self.cluster.drop_database(fresh)
+            return
+        self._free.append(fresh)
+
+    def _new_name(self) -> str:
+        return f"{self.prefix}{uuid.uuid4().hex[:16]}"
 
 
 def _plain_scheme(dsn: str) -> str:

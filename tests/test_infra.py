@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from pgcluster import PgCluster
+from pgcluster import DatabasePool, PgCluster
 
 
 def _plain(url: str) -> str:
@@ -44,7 +44,7 @@ async def test_pg_url_is_fresh_and_empty(pg_url: str, pg_cluster: PgCluster, rou
     assert name.startswith("oke_t_")
     assert pg_url == pg_cluster.sqlalchemy_url(name)
     assert name not in _seen, "each test gets its own database"
-    for earlier in _seen:  # the previous test's database was dropped at its teardown
+    for earlier in _seen:  # the previous test's database is gone by that name (renamed or dropped)
         assert not pg_cluster.fetch("SELECT 1 FROM pg_database WHERE datname = $1", earlier)
     _seen.append(name)
 
@@ -56,10 +56,41 @@ async def test_pg_url_is_fresh_and_empty(pg_url: str, pg_cluster: PgCluster, rou
             " WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
         )
         assert n == 0, "a fresh database has no tables"
+        assert await conn.fetchval("SELECT array_agg(extname::text) FROM pg_extension") == ["plpgsql"]
+        assert await conn.fetchval(
+            "SELECT array_agg(nspname::text) FROM pg_namespace"
+            " WHERE left(nspname, 3) <> 'pg_' AND nspname <> 'information_schema'") == ["public"]
         # leave something behind: the next round must not see it
         await conn.execute("CREATE TABLE leftover (id int)")
+        await conn.execute("CREATE EXTENSION pg_trgm")
+        await conn.execute("CREATE SCHEMA elsewhere")
+        await conn.execute("CREATE TABLE elsewhere.leftover (id int)")
     finally:
         await conn.close()
+
+
+async def test_a_database_given_back_is_emptied_and_out_of_reach_of_its_last_test(pg_cluster: PgCluster):
+    """The pool (tests/pgcluster.py) reuses databases: a straggler of the test that used one (a
+    session still open, or one that connects again by the old name) cannot reach it, and the next
+    test finds it empty."""
+    pool = DatabasePool(pg_cluster, prefix="oke_pool_")
+    used = pool.take()
+    pg_cluster.fetch("CREATE TABLE leftover (id int)", database=used)
+    straggler = await asyncpg.connect(pg_cluster.dsn(used), timeout=10)
+    try:
+        pool.give_back(used)
+        with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError)):
+            await straggler.fetchval("SELECT 1")  # its session was ended
+    finally:
+        straggler.terminate()
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await asyncpg.connect(pg_cluster.dsn(used), timeout=10)  # and the old name leads nowhere
+    again = pool.take()
+    try:
+        assert again != used
+        assert pg_cluster.fetch("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'", database=again)[0][0] == 0
+    finally:
+        pg_cluster.drop_database(again)
 
 
 async def test_db_url_sqlalchemy_roundtrip(db_url: str, request: pytest.FixtureRequest):
