@@ -105,11 +105,12 @@ async def test_cancel_stops_a_handler_in_another_process_within_two_seconds(shap
         await store.close()
 
 
+@pytest.mark.long
 async def test_a_gone_holder_leaves_it_to_the_lease(shape, procs):
     """SIGKILLed mid-handler: a cancel is `requested` (and stays so: nobody confirms) while the lease
     lives; once it has expired, a cancel ends the message as it ends a pending one."""
     url, writer = shape
-    store, msg = await _running_message(procs, url, writer, lease_ms=15_000)  # outlives two CLI runs
+    store, msg = await _running_message(procs, url, writer, lease_ms=10_000)  # outlives two CLI runs
     try:
         os.kill(procs.procs["w0"].pid, signals.SIGKILL)
         procs.procs["w0"].wait(10)

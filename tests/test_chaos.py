@@ -34,12 +34,14 @@ def _chaos(backend: str) -> None:
 
 
 @pytest.mark.timeout(280)
+@pytest.mark.long
 def test_chaos_sqlite_two_processes():
     _chaos("sqlite")
 
 
 @pytest.mark.postgres
 @pytest.mark.timeout(280)
+@pytest.mark.long
 def test_chaos_postgres_four_processes_and_a_crash_restart():
     if find_bin_dir() is None:
         if os.environ.get("CI", "").strip().lower() == "true":

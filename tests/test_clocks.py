@@ -35,6 +35,7 @@ async def _ready(out: Path, name: str, timeout: float = 90) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.long
 async def test_processes_sharing_a_clock_store_one_message_per_tick_through_a_sigkill(db_url, tmp_path):
     procs = {name: _start(db_url, tmp_path, name) for name in ("a", "b", "c")}
     try:

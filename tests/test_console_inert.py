@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import hostilestore
+import pytest
 from consolekit import okconsole_cmd, wait_for
 from hostilekit import HOSTILE, HOSTILE_ERROR, HOSTILE_KEY, assert_inert, big_payload, visible
 from hostilestore import ACTOR, APP, DESCRIPTION, FLOW, KEYED, LONG_ERROR, SIGNAL, TAPE, WORKER, seed_hostile
@@ -56,6 +57,7 @@ async def visit(pilot, screen_type, predicate=lambda app: True, timeout: float =
     return shows(app)
 
 
+@pytest.mark.long
 async def test_every_screen_shows_the_corpus_inert_and_literal(sqlite_url):
     seeded = await seed_hostile(sqlite_url)
     app = ConsoleApp(sqlite_url, refresh_s=0.3)
@@ -270,6 +272,7 @@ class Terminal:
         os.close(self.master)
 
 
+@pytest.mark.long
 def test_the_terminal_gets_no_control_sequence_from_the_store(sqlite_url, tmp_path):
     """Messages (OSC 52 in a key was written to the terminal once per repaint), a message's detail
     and the dead letters (`[/]` in an error crashed the console), read as raw bytes from the pty."""

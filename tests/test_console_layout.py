@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from console_workers.shop import declare, populate
 from engine import oke, signal
 from okconsole.app import ConsoleApp
@@ -145,6 +147,7 @@ async def test_help_scrolls_to_its_last_line_at_80x24(sqlite_url):
         assert "move the cursor, scroll" in screen_text(app)
 
 
+@pytest.mark.long
 async def test_navigating_away_and_back_leaves_no_scrollbar_remnants(sqlite_url):
     """`▌` and `▅▅` after navigation were the thumbs of scrollbars (a table wider than the screen,
     a help taller than it); drawn in 256 colours they read as stray glyphs. Fitted tables have none."""

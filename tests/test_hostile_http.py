@@ -757,6 +757,7 @@ async def test_a_streamed_body_is_counted_and_refused_at_the_limit(sqlite_url):
         assert (reply.status, reply.json()) == (413, too_large_envelope()) and sent < 40_000_000
 
 
+@pytest.mark.long
 async def test_headers_not_complete_within_10_s_end_the_connection(sqlite_url):
     """Slowloris, three ways, at once: 50 connections that send a request line and a header but
     never the blank line, 10 that send nothing, and a keep-alive connection whose second request

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.postgres
 @pytest.mark.timeout(150)
+@pytest.mark.long
 def test_partition_latency_and_loss_across_three_worker_hosts():
     require_root("ip", "iptables", "tc")
     if find_bin_dir() is None:

@@ -252,6 +252,7 @@ async def _stopped_while_down(
 
 
 @pytest.mark.postgres
+@pytest.mark.long
 async def test_a_stop_during_an_outage_names_the_outcomes_it_gives_up_and_they_run_again(
         pg: PgCluster, pg_db: str, caplog: pytest.LogCaptureFixture):
     """A worker stopped while the server is down cannot write what its handlers finished: after

@@ -178,6 +178,7 @@ async def test_after_close_a_call_fails_and_a_connection_given_back_is_closed(pg
     await _until_gone(pg_url, in_use_pid)
 
 
+@pytest.mark.long
 async def test_an_emit_that_finds_every_connection_held_gives_up_after_the_statement_timeout(pg_url):
     """In a partition every hot connection can be stuck in a claim or settle waiting out its own
     timeout; an emit queued behind them must still end within COMMAND_TIMEOUT_S as StoreUnavailable

@@ -23,6 +23,7 @@ SOAK = REPO / "bench" / "soak.py"
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.long
 def test_soak_sixty_seconds_stays_flat(pg_url):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(SOAK), "--url", pg_url, "--seconds", "60", "--every", "5",

@@ -17,6 +17,8 @@ import asyncio
 import base64
 import time
 
+import pytest
+
 from hostilekit import HOSTILE, HOSTILE_ERROR, HOSTILE_KEY, assert_inert, visible
 from hostilestore import SIGNAL, TAPE, seed_hostile
 from test_browser import chromium  # noqa: F401  (the fixture: skip without Chromium, fail in CI)
@@ -104,6 +106,7 @@ class Page:
         raise AssertionError("unreachable")
 
 
+@pytest.mark.long
 async def test_the_browser_shows_the_corpus_escaped_and_gets_no_control_sequence(sqlite_url, chromium):  # noqa: F811
     seeded = await seed_hostile(sqlite_url)
     async with WebConsole(sqlite_url) as web:
