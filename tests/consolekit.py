@@ -76,8 +76,9 @@ def run_in_pty(args: list[str], answer: str | None = None, env: dict[str, str] |
     return proc.returncode, out.decode(errors="replace")
 
 
-async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
-    """Let the app run until `predicate()` holds (loads are asynchronous)."""
+async def wait_for(pilot, predicate, timeout: float = 20.0) -> None:
+    """Let the app run until `predicate()` holds (loads are asynchronous). The default timeout is
+    a loaded machine's: three test processes on 2 cores, one of them beside the soak or chaos."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not _holds(predicate):
