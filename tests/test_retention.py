@@ -49,6 +49,13 @@ async def _age(store, signal_name: str, where: str, ms: int) -> int:
     return await store.write(age)
 
 
+@pytest.fixture(autouse=True)
+def _one_background_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's own retention pass runs at its start, then every 10 s: on a loaded machine it could
+    delete the rows a test had just aged before the test's own counted pass."""
+    monkeypatch.setattr("engine.retention.PASS_EVERY_S", 3600.0)
+
+
 async def _rows(store, sql: str) -> int:
     return int(await store.read(lambda conn: conn.execute(text(sql)).scalar()))
 
