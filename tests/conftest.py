@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pgbouncerkit import Pooled, PgBouncer  # noqa: E402
-from pgcluster import DatabasePool, PgCluster, PgClusterError  # noqa: E402
+from pgcluster import DatabasePool, PgCluster, PgClusterError, fresh_database_name  # noqa: E402
 from prockit import worker_procs  # noqa: E402
 
 _PG_FIXTURES = {"pg_cluster", "pg_url", "pgbouncer_transaction", "pgbouncer_session", "pooled"}
@@ -112,12 +111,20 @@ def pooled(request: pytest.FixtureRequest, pg_cluster: PgCluster):
     mode without one (the workers poll), or in session mode (nothing to declare)."""
     mode = request.param
     bouncer = request.getfixturevalue("pgbouncer_session" if mode == "session" else "pgbouncer_transaction")
-    name = f"oke_t_{uuid.uuid4().hex[:16]}"
+    name = fresh_database_name()
     direct = pg_cluster.create_database(name)
     try:
         yield Pooled.of(mode, bouncer, name, direct)
     finally:
         pg_cluster.drop_database(name)
+
+
+@pytest.fixture
+def one_retention_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's own retention pass runs at its start, then every 10 s: on a loaded machine it could
+    delete the rows a test had just aged before the test's own counted pass. This keeps the next
+    one an hour away."""
+    monkeypatch.setattr("engine.retention.PASS_EVERY_S", 3600.0)
 
 
 @pytest.fixture

@@ -475,6 +475,11 @@ class PgCluster:
             raise PgClusterError(f"cannot connect to {ENV_DSN}={self.admin_dsn!r}: {e}") from e
 
 
+def fresh_database_name(prefix: str = "oke_t_") -> str:
+    """A name no database of this cluster has had: `prefix` and 16 random hex digits."""
+    return f"{prefix}{uuid.uuid4().hex[:16]}"
+
+
 class DatabasePool:
     """Empty databases for one test process's tests, each taken by one test at a time.
 
@@ -511,12 +516,12 @@ class DatabasePool:
         """An empty database's name."""
         if self._free:
             return self._free.pop()
-        name = self._new_name()
+        name = fresh_database_name(self.prefix)
         self.cluster.create_database(name)
         return name
 
     def give_back(self, name: str) -> None:
-        fresh = self._new_name()
+        fresh = fresh_database_name(self.prefix)
         try:
             self.cluster.fetch(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
@@ -530,9 +535,6 @@ class DatabasePool:
             self.cluster.drop_database(fresh)
             return
         self._free.append(fresh)
-
-    def _new_name(self) -> str:
-        return f"{self.prefix}{uuid.uuid4().hex[:16]}"
 
 
 def _plain_scheme(dsn: str) -> str:

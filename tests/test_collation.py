@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 from collections.abc import Iterator
 
 import pytest
+from pgcluster import fresh_database_name
 from sqlalchemy import text
 
 from engine import flow, oke, on, signal
@@ -36,7 +36,7 @@ def en_us_url(pg_cluster) -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    name = f"oke_t_{uuid.uuid4().hex[:16]}"
+    name = fresh_database_name()
     pg_cluster.fetch(
         f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE '{LOCALE}' LC_CTYPE '{LOCALE}'"
     )

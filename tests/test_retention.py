@@ -13,6 +13,8 @@ from engine.ids import base32, now_ms
 
 HOUR_MS = 3_600_000
 
+pytestmark = pytest.mark.usefixtures("one_retention_pass")  # tests/conftest.py
+
 
 class Boom(Exception):
     code = "E_BOOM"
@@ -47,13 +49,6 @@ async def _age(store, signal_name: str, where: str, ms: int) -> int:
         return len(ids)
 
     return await store.write(age)
-
-
-@pytest.fixture(autouse=True)
-def _one_background_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The app's own retention pass runs at its start, then every 10 s: on a loaded machine it could
-    delete the rows a test had just aged before the test's own counted pass."""
-    monkeypatch.setattr("engine.retention.PASS_EVERY_S", 3600.0)
 
 
 async def _rows(store, sql: str) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from sqlalchemy import text
 from workers.db import fetch
 
@@ -96,19 +95,12 @@ def _age(ids: list[str], ms: int):
     return age
 
 
-@pytest.fixture
-def one_background_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The app's own retention pass runs at its start, then every 10 s: a test slower than that (a
-    loaded machine) saw it delete the rows it had just aged, before its own counted pass."""
-    monkeypatch.setattr("engine.retention.PASS_EVERY_S", 3600.0)
-
-
 async def _settle_all(app, fails: set[str]) -> None:
     while claimed := await app.store.claim(["c.jobs"], "w1", 60_000, 16):
         assert await app.store.settle("w1", [outcome(c, c.id not in fails) for c in claimed]) == [True] * len(claimed)
 
 
-async def test_keep_delivered_and_keep_dead_delete_only_older_finished_messages(shape, one_background_pass):
+async def test_keep_delivered_and_keep_dead_delete_only_older_finished_messages(shape, one_retention_pass):
     jobs = signal.once("c.jobs", retries=0)
     on(jobs, flow("w", do=_never))
     async with shape.app(keep_delivered="1h", keep_dead="1h") as app:
@@ -131,7 +123,7 @@ async def test_keep_delivered_and_keep_dead_delete_only_older_finished_messages(
         assert await app.background.retention.pass_once() == 0
 
 
-async def test_keep_runs_deletes_older_runs_and_keeps_their_messages(shape, one_background_pass):
+async def test_keep_runs_deletes_older_runs_and_keeps_their_messages(shape, one_retention_pass):
     jobs = signal.once("c.jobs", retries=0)
     on(jobs, flow("w", do=_never))
     async with shape.app(keep_runs="1h") as app:
